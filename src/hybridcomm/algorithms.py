@@ -1,0 +1,82 @@
+"""Which backend and algorithm runs an op: a table, not a chain of predicates.
+
+For each op the table lists rules in increasing message size; the first rule whose
+`max_bytes` is at least the message size wins. "Message size" is the op's largest
+tensor: the input of all_reduce / reduce_scatter_v / scatter_tokens, the output of
+all_gather_v / gather_tokens. With device-side sizes the capacity is used, so a graph
+captured at the maximum size keeps the algorithm it was captured with.
+
+The nvlink rules apply only where the group can run our kernels (CUDA, one node, peer
+access, rows a multiple of 16 bytes, per-peer data within the workspace); otherwise the
+op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
+
+Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
+(results/): the size where the next algorithm starts winning.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("hybridcomm")
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Rule:
+    max_bytes: int | None  # inclusive; None = unbounded
+    backend: str  # "nvlink" | "nccl"
+    algorithm: str
+
+
+TABLE: dict[str, tuple[Rule, ...]] = {
+    "all_reduce": (
+        Rule(256 * KiB, "nvlink", "one_shot"),
+        Rule(8 * MiB, "nvlink", "two_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "all_gather_v": (
+        Rule(8 * MiB, "nvlink", "one_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "reduce_scatter_v": (
+        Rule(8 * MiB, "nvlink", "one_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "gather_tokens": (
+        Rule(1 * MiB, "nvlink", "one_shot"),
+        Rule(16 * MiB, "nvlink", "two_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "scatter_tokens": (
+        Rule(1 * MiB, "nvlink", "one_shot"),
+        Rule(16 * MiB, "nvlink", "two_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str
+    algorithm: str
+    reason: str
+
+
+def choose(op: str, message_bytes: int, nvlink_blocker: str | None,
+           table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
+    """`nvlink_blocker`: why our kernels cannot run this call (None if they can)."""
+    for rule in table[op]:
+        if rule.max_bytes is None or message_bytes <= rule.max_bytes:
+            break
+    if rule.backend == "nvlink" and nvlink_blocker is not None:
+        choice = Choice("nccl", "nccl", nvlink_blocker)
+    else:
+        limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
+        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,
+                  choice.algorithm, choice.reason)
+    return choice

@@ -1,0 +1,108 @@
+"""NCCL through torch.distributed: the baseline engines use today, and the fallback for
+sizes and groups where our kernels do not win (or cannot run: across nodes).
+
+The token transitions are the two-collective sequences SGLang runs:
+gather_tokens = reduce-scatter(attn-TP) + all-gather(world); scatter_tokens =
+reduce-scatter(world) + all-gather(attn-TP). Uneven all-gather / reduce-scatter use
+torch's list APIs, which NCCL runs as grouped broadcasts / reduces.
+
+Results agree with the reference within rounding (NCCL reduces in its own order and
+in the input dtype), not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..arguments import Sizes, result_rows, split_evenly
+from ..groups import Group
+from ..norm import add_rms_norm
+from .reference import pad_rows
+
+
+def _host_counts(sizes: Sizes) -> list[int]:
+    if sizes.on_device and torch.cuda.is_current_stream_capturing():
+        raise ValueError("the nccl backend needs sizes as a list of ints inside CUDA graph "
+                         "capture (it cannot read device-side sizes); use the nvlink backend "
+                         "for graphs that replay with new counts")
+    return list(sizes.values())
+
+
+def all_gather_rows(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    row_shape = tuple(x.shape[1:])
+    out = x.new_empty((sum(counts),) + row_shape)
+    mine = x[: counts[group.index]]
+    if group.size == 1:
+        out.copy_(mine)
+    elif len(set(counts)) == 1:
+        dist.all_gather_into_tensor(out, mine, group=group.pg)
+    else:
+        dist.all_gather(list(out.split(counts)), mine, group=group.pg)
+    return out
+
+
+def reduce_scatter_rows(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+    total = sum(counts)
+    out = x.new_empty((counts[group.index],) + tuple(x.shape[1:]))
+    if group.size == 1:
+        out.copy_(x[:total])
+    elif len(set(counts)) == 1:
+        dist.reduce_scatter_tensor(out, x[:total], group=group.pg)
+    else:
+        dist.reduce_scatter(out, list(x[:total].split(counts)), group=group.pg)
+    return out
+
+
+def all_reduce_copy(x: torch.Tensor, group: Group) -> torch.Tensor:
+    out = x.clone()
+    if group.size > 1:
+        dist.all_reduce(out, group=group.pg)
+    return out
+
+
+class NcclBackend:
+    name = "nccl"
+
+    def __init__(self, groups: dict[str, Group]):
+        self.groups = groups
+
+    def all_reduce(self, x, group, algorithm=None):
+        return all_reduce_copy(x, group)
+
+    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm=None):
+        out = all_gather_rows(x, _host_counts(sizes), group)
+        return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
+
+    def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm=None):
+        out = reduce_scatter_rows(x, _host_counts(sizes), group)
+        return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=False))
+
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
+        tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
+        counts = _host_counts(dp_sizes)
+        mine = x[: counts[dp.index]]
+        gathered = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
+        if fusion is not None:
+            # The engines' fused path: all-reduce(attn-TP), add+norm, all-gather(DP).
+            reduced = all_reduce_copy(mine, tp) if partial else mine
+            normed, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]],
+                                                fusion.weight, fusion.eps)
+            out = pad_rows(all_gather_rows(normed, counts, dp), gathered)
+            return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
+        chunks = split_evenly(mine.shape[0], tp.size)
+        start = sum(chunks[: tp.index])
+        if partial:
+            chunk = reduce_scatter_rows(mine, chunks, tp)
+        else:
+            chunk = mine[start : start + chunks[tp.index]]
+        world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
+        return pad_rows(all_gather_rows(chunk, world_counts, world), gathered)
+
+    def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
+        tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
+        counts = _host_counts(dp_sizes)
+        world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
+        chunk = reduce_scatter_rows(y, world_counts, world)
+        mine = all_gather_rows(chunk, split_evenly(counts[dp.index], tp.size), tp)
+        return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
