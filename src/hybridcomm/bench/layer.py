@@ -1,0 +1,266 @@
+"""Layer benchmark: one decode step of the reference MoE decoder, per backend.
+
+Every backend runs the same step on the same data in the same run; the table reports
+each one's step time and its speed-up over the first backend, plus the max abs error
+against the single-process reference (so a fast but wrong backend cannot hide).
+
+On CUDA one step is captured in a CUDA graph and replayed (eager launches would hide
+the communication behind launch overhead); on CPU eager steps are timed. Times are
+medians over repeats, then the max over ranks (the slowest rank sets the step time).
+
+Reading the error column: in fp32 it is ~1e-5 for every backend. In bf16 the ranks
+round partial sums where the reference does not, and over the layers that can flip a
+near-tie in a token's top-k routing, so errors of O(1) at hundreds of tokens are
+expected; compare backends with each other, and use dtype float32 to check the math.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+import time
+from dataclasses import replace
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..communicator import Communicator
+from ..layout import Layout
+from ..model import (Batch, DistributedDecoder, ModelConfig, ModelWeights, dtype_from_name,
+                     make_dp_batch, rank_part, reference_forward)
+
+# Display name per backend argument: "auto" is this library's own selection.
+LABELS = {"auto": "hybridcomm"}
+REPEATS = 5
+
+# Workers of an SpmdPool live across calls; building the bench model's weights takes
+# seconds and every Communicator creates process groups (NCCL communicators on GPU),
+# so each worker keeps the latest weights and one Communicator per (layout, backend).
+_weights: dict[tuple[ModelConfig, str], ModelWeights] = {}
+_communicators: dict[tuple[Layout, str], Communicator] = {}
+
+
+def _worker_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _model_weights(cfg: ModelConfig, device: torch.device) -> ModelWeights:
+    key = (cfg, str(device))
+    if key not in _weights:
+        _weights.clear()  # one model at a time: the bench model is gigabytes
+        _weights[key] = ModelWeights.generate(cfg, device)
+    return _weights[key]
+
+
+def _communicator(layout: Layout, backend: str, device: torch.device) -> Communicator:
+    key = (layout, backend)
+    if key not in _communicators:
+        _communicators[key] = Communicator(layout, device=device, backend=backend)
+    return _communicators[key]
+
+
+def parse_layout(layout_name: str, moe_tp: int | None = None) -> Layout:
+    """'dp2xtp2' (optionally ',moe_tp2'); `moe_tp`, when given, overrides the name's."""
+    layout = Layout.parse(layout_name)
+    return layout if moe_tp is None else replace(layout, moe_tp=moe_tp)
+
+
+# -- timing -------------------------------------------------------------------------------
+def _time_eager(step, steps: int, warmup: int) -> tuple[list[float], torch.Tensor]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        dist.barrier()  # start together, so a step is not timed waiting for a late peer
+        start = time.perf_counter()
+        out = step()
+        times.append((time.perf_counter() - start) * 1e6)
+    return times, out
+
+
+def _time_graph(step, steps: int, warmup: int) -> tuple[list[float], torch.Tensor]:
+    """Capture one step after eager warm-up on a side stream; time `steps` replays per
+    repeat with CUDA events. Returns µs per step per repeat, and the graph's output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):  # lazy NCCL setup and allocations happen here, not in capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    times = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        dist.barrier()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3 / steps)
+    torch.cuda.synchronize()
+    return times, out
+
+
+def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = torch.nan_to_num(t, nan=float("inf"))  # a NaN must win the max, not vanish in it
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _max_abs_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    if out.shape != expected.shape:
+        return float("inf")
+    if out.numel() == 0:
+        return 0.0
+    return (out.float() - expected.float()).abs().max().item()
+
+
+# -- one (layout, tokens) point, on every rank ---------------------------------------------
+def run_layer_bench(layout_name: str, moe_tp: int | None, tokens_per_dp: list[int],
+                    backends: list[str], steps: int, warmup: int, dtype_name: str,
+                    config_name: str, use_graphs: bool) -> dict:
+    """Run on every rank of an SpmdPool. Returns the same dict on every rank:
+    {layout, world_size, tokens_per_dp, config, dtype, graphs, steps,
+     backends: [{backend, step_us, max_abs_error}, ...]} with step_us the median step
+    time and max_abs_error the error against `reference_forward`, both max over ranks."""
+    layout = parse_layout(layout_name, moe_tp)
+    if len(tokens_per_dp) != layout.attn_dp:
+        raise ValueError(f"tokens_per_dp: layout {layout.name} has {layout.attn_dp} DP groups, "
+                         f"got {len(tokens_per_dp)} counts: {tokens_per_dp}")
+    device = _worker_device()
+    if use_graphs and device.type != "cuda":
+        raise ValueError("use_graphs: CUDA graphs need a CUDA pool")
+    cfg = ModelConfig.named(config_name, dtype_from_name(dtype_name))
+    cfg.check_layout(layout)
+    weights = _model_weights(cfg, device)
+    rank = dist.get_rank()
+    dp = layout.coords(rank).attn_dp_rank
+    group = make_dp_batch(cfg, tokens_per_dp[dp], dp, device)
+    # Requests never interact, so the reference of this DP group alone gives its rows;
+    # building every group on every rank would multiply the (large) KV caches.
+    expected = reference_forward(cfg, weights, Batch([group]))[0]
+    part = rank_part(group, cfg, layout, rank)
+    del group
+    rows = []
+    for backend in backends:
+        decoder = DistributedDecoder(cfg, weights, _communicator(layout, backend, device))
+        timer = _time_graph if use_graphs else _time_eager
+        times, out = timer(lambda: decoder.forward(part, tokens_per_dp), steps, warmup)
+        step_us, error = _max_over_ranks([statistics.median(times), _max_abs_error(out, expected)], device)
+        rows.append({"backend": LABELS.get(backend, backend), "step_us": step_us, "max_abs_error": error})
+        del decoder, out
+    return {"layout": layout.name, "world_size": layout.world_size, "tokens_per_dp": list(tokens_per_dp),
+            "config": config_name, "dtype": dtype_name, "graphs": bool(use_graphs), "steps": steps,
+            "backends": rows}
+
+
+def describe_device() -> str:
+    if dist.get_backend() == "nccl":
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+# -- the driver ---------------------------------------------------------------------------
+def tokens_for(layout: Layout, tokens) -> list[int] | None:
+    """An int means that many tokens on every DP group; a list gives one count per group
+    (None when its length is not this layout's number of DP groups)."""
+    if isinstance(tokens, int):
+        return [tokens] * layout.attn_dp
+    tokens = [int(t) for t in tokens]
+    return tokens if len(tokens) == layout.attn_dp else None
+
+
+def _points(layouts: Sequence[str], tokens_list: Sequence, world_size: int,
+            cfg: ModelConfig) -> list[tuple[Layout, list[int]]]:
+    points = []
+    for name in layouts:
+        layout = Layout.parse(name)
+        if layout.world_size != world_size:
+            raise ValueError(f"layout {name} has {layout.world_size} ranks, world_size is {world_size}")
+        cfg.check_layout(layout)
+        for tokens in tokens_list:
+            counts = tokens_for(layout, tokens)
+            if counts is None:
+                print(f"[layer] skipping tokens {list(tokens)} for {layout.name}: it has "
+                      f"{layout.attn_dp} DP groups", file=sys.stderr)
+            else:
+                points.append((layout, counts))
+    if not points:
+        raise ValueError(f"no (layout, tokens) pair fits: layouts {list(layouts)}, tokens {list(tokens_list)}")
+    return points
+
+
+def bench_layer(layouts: Sequence[str], tokens_list: Sequence, world_size: int, device: str = "cuda",
+                backends: Sequence[str] = ("nccl", "auto"), steps: int = 50, warmup: int = 5,
+                dtype: str = "bfloat16", config: str = "bench", use_graphs: bool | None = None,
+                pool=None, timeout_s: float = 600.0) -> dict:
+    """Time one decode step of the reference decoder for every (layout, tokens) pair.
+
+    layouts: names as on the command line ('dp4', 'dp2xtp2', 'tp4', 'dp2xtp2,moe_tp2'),
+        each of `world_size` ranks.
+    tokens_list: entries are an int (that many tokens on every DP group) or a list with
+        one count per DP group (uneven, e.g. [64, 1] for dp2); a list is run only for
+        the layouts with that many DP groups (skipped, with a note, for the others).
+    device: 'cuda' (one GPU per rank, NCCL) or 'cpu' (gloo; only 'reference' backend).
+    backends: Communicator backend names; speed-ups are against the first. 'auto' is
+        reported as 'hybridcomm'.
+    steps / warmup: timed and untimed steps (per repeat with graphs; REPEATS repeats).
+    dtype: 'bfloat16', 'float16' or 'float32'; config: 'bench' or 'tiny' (ModelConfig).
+    use_graphs: default True on CUDA, False on CPU.
+    pool: an existing SpmdPool of world_size ranks on `device` to reuse; default: one is
+        created for this call and closed at the end.
+    timeout_s: deadline of each (layout, tokens) point.
+
+    Returns a JSON-serialisable dict: {date, torch, device, world_size, config (the
+    ModelConfig as a dict), steps, warmup, graphs, results: [one run_layer_bench dict
+    per point]}. Print it with `format_layer_table`. Progress goes to stderr.
+    """
+    from ..spmd import SpmdPool
+
+    graphs = device == "cuda" if use_graphs is None else bool(use_graphs)
+    cfg = ModelConfig.named(config, dtype_from_name(dtype))
+    points = _points(layouts, tokens_list, world_size, cfg)
+    own_pool = pool is None
+    if own_pool:
+        pool = SpmdPool(world_size, device)
+    try:
+        results = []
+        device_name = pool.run(describe_device, timeout=timeout_s)[0]
+        for i, (layout, tokens) in enumerate(points, 1):
+            print(f"[layer {i}/{len(points)}] {layout.name} tokens/dp {tokens} ...", file=sys.stderr, flush=True)
+            results.append(pool.run(run_layer_bench, layout.name, layout.moe_tp, tokens, list(backends),
+                                    steps, warmup, dtype, config, graphs, timeout=timeout_s)[0])
+    finally:
+        if own_pool:
+            pool.close()
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "device": device_name, "world_size": world_size,
+            "config": {"name": config, **cfg.to_json()}, "steps": steps, "warmup": warmup,
+            "graphs": graphs, "results": results}
+
+
+def format_layer_table(results) -> str:
+    """A plain text table (nccl-tests style) of `bench_layer`'s dict, or of a list of
+    `run_layer_bench` dicts."""
+    runs = results["results"] if isinstance(results, dict) else results
+    header = f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} {'speed-up':>9} {'max abs err':>12}"
+    lines = [header, "-" * len(header)]
+    for run in runs:
+        first = run["backends"][0]["step_us"] if run["backends"] else None
+        tokens = ",".join(str(t) for t in run["tokens_per_dp"])
+        for b in run["backends"]:
+            speedup = first / b["step_us"] if first and b["step_us"] else float("nan")
+            lines.append(f"{run['layout']:<18} {tokens:>12} {b['backend']:>12} {b['step_us']:>10.1f} "
+                         f"{speedup:>8.2f}x {b['max_abs_error']:>12.3g}")
+    return "\n".join(lines)

@@ -1,0 +1,23 @@
+"""The reference MoE decoder: one decode step of a small DP-attention + EP/TP-MoE model,
+used by the layer benchmark and the end-to-end tests.
+
+    cfg = ModelConfig.tiny()
+    weights = ModelWeights.generate(cfg)                 # the same on every rank
+    batch = make_batch(cfg, dp_sizes=[3, 0, 5, 1])
+    expected = reference_forward(cfg, weights, batch)    # one process, whole model
+    out = DistributedDecoder(cfg, weights, comm).forward(cut_batch(batch, cfg, layout, rank),
+                                                         batch.dp_sizes)
+"""
+
+from .config import ModelConfig, Shard, dtype_from_name, dtype_name
+from .decoder import (CommTransitions, DistributedDecoder, attention, cached_attention,
+                      decode_step, decoder_layer, expert_mlp, moe, route)
+from .reference import LocalTransitions, reference_forward
+from .weights import (Batch, DpBatch, LayerWeights, ModelWeights, cut_batch, make_batch,
+                      make_dp_batch, rank_part)
+
+__all__ = ["ModelConfig", "Shard", "dtype_from_name", "dtype_name", "CommTransitions",
+           "DistributedDecoder", "attention", "cached_attention", "decode_step", "decoder_layer",
+           "expert_mlp", "moe", "route", "LocalTransitions", "reference_forward", "Batch",
+           "DpBatch", "LayerWeights", "ModelWeights", "cut_batch", "make_batch",
+           "make_dp_batch", "rank_part"]

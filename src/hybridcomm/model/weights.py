@@ -1,0 +1,172 @@
+"""Deterministic model data from the config's seed: weights and decode batches.
+
+Every tensor has its own generator, seeded from (seed, its name), so any process
+rebuilds the same values without coordination, and a batch's DP groups can be built
+one at a time. Values are drawn in fp32, then cast. Weights are drawn on the CPU
+(the same on every machine); batches on their device, because a benchmark's KV caches
+are gigabytes (so a batch's values depend on the device type, not on the rank).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+
+import torch
+
+from .config import ModelConfig, Shard
+
+
+def _generator(seed: int, name: str, device="cpu") -> torch.Generator:
+    # crc32, not hash(): Python salts string hashes per process.
+    return torch.Generator(device).manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+
+
+def _normal(shape: tuple[int, ...], std: float, seed: int, name: str, device="cpu") -> torch.Tensor:
+    return torch.randn(shape, generator=_generator(seed, name, device), device=device) * std
+
+
+@dataclass
+class LayerWeights:
+    """One layer's weights, or one rank's slice of them (see `shard`).
+
+    qkv columns are laid out [q | k | v] x heads x head_dim, so a head range is a
+    column range of each of the three blocks; o rows are heads x head_dim.
+    gate / up / down are stacked over experts: (E, hidden, I), (E, hidden, I), (E, I, hidden).
+    first_expert: the global index of gate[0] (to pick the right router gates).
+    """
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    post_attn_norm: torch.Tensor
+    router: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    first_expert: int = 0
+
+    def shard(self, s: Shard, head_dim: int) -> "LayerWeights":
+        hidden = self.qkv.shape[0]
+        heads = self.qkv.view(hidden, 3, -1, head_dim)[:, :, s.head0:s.head1]
+        o = self.o.view(-1, head_dim, hidden)[s.head0:s.head1]
+        experts, inter = slice(s.expert0, s.expert1), slice(s.inter0, s.inter1)
+        return replace(
+            self,
+            qkv=heads.reshape(hidden, -1).contiguous(),
+            o=o.reshape(-1, hidden).contiguous(),
+            gate=self.gate[experts, :, inter].contiguous(),
+            up=self.up[experts, :, inter].contiguous(),
+            down=self.down[experts, inter].contiguous(),
+            first_expert=self.first_expert + s.expert0,
+        )
+
+
+def generate_layer(cfg: ModelConfig, layer: int, device) -> LayerWeights:
+    """normal / sqrt(fan_in) keeps activations O(1) through the layers; norm weights
+    near 1 (not exactly 1, so a wrong weight shows up in the result)."""
+    h, q, e, i = cfg.hidden, cfg.heads * cfg.head_dim, cfg.experts, cfg.intermediate
+
+    def make(name, shape, std, mean=0.0):
+        t = _normal(shape, std, cfg.seed, f"layer{layer}/{name}") + mean
+        return t.to(device=device, dtype=cfg.dtype)
+
+    return LayerWeights(
+        input_norm=make("input_norm", (h,), 0.1, mean=1.0),
+        qkv=make("qkv", (h, 3 * q), h ** -0.5),
+        o=make("o", (q, h), q ** -0.5),
+        post_attn_norm=make("post_attn_norm", (h,), 0.1, mean=1.0),
+        router=make("router", (h, e), h ** -0.5),
+        gate=make("gate", (e, h, i), h ** -0.5),
+        up=make("up", (e, h, i), h ** -0.5),
+        down=make("down", (e, i, h), i ** -0.5),
+    )
+
+
+@dataclass
+class ModelWeights:
+    cfg: ModelConfig
+    layers: list[LayerWeights]
+
+    @classmethod
+    def generate(cls, cfg: ModelConfig, device="cpu") -> "ModelWeights":
+        return cls(cfg, [generate_layer(cfg, layer, device) for layer in range(cfg.layers)])
+
+    def shard(self, s: Shard) -> "ModelWeights":
+        return ModelWeights(self.cfg, [w.shard(s, self.cfg.head_dim) for w in self.layers])
+
+
+@dataclass
+class DpBatch:
+    """One DP group's requests for one decode step (or one rank's heads of them).
+
+    hidden: (n, hidden) states entering layer 0.
+    k_cache, v_cache: (layers, n, max_cache, heads, head_dim); positions >= lengths hold
+        garbage (random), as in a real paged cache, so masking mistakes show.
+    lengths: (n,) int64 cached positions per request, in [1, max_cache - 1]; the step
+        writes its token's k, v at position lengths and attends to 0..lengths inclusive.
+    """
+
+    hidden: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return self.hidden.shape[0]
+
+    def heads(self, head0: int, head1: int) -> "DpBatch":
+        """A copy holding only heads [head0, head1) of the caches."""
+        return DpBatch(self.hidden.clone(), self.k_cache[..., head0:head1, :].clone(),
+                       self.v_cache[..., head0:head1, :].clone(), self.lengths.clone())
+
+
+def make_dp_batch(cfg: ModelConfig, rows: int, dp_index: int, device="cpu") -> DpBatch:
+    """DP group `dp_index`'s part of `make_batch` (the same values, built alone)."""
+    device = torch.device(device)
+    name = f"batch/dp{dp_index}/rows{rows}"
+
+    def make(what, shape):
+        return _normal(shape, 1.0, cfg.seed, f"{name}/{what}", device).to(cfg.dtype)
+
+    def make_cache(what):
+        # Layer by layer, so the fp32 draw never holds more than one layer.
+        cache = torch.empty((cfg.layers, rows, cfg.max_cache, cfg.heads, cfg.head_dim),
+                            dtype=cfg.dtype, device=device)
+        for layer in range(cfg.layers):
+            cache[layer] = make(f"{what}{layer}", cache.shape[1:])
+        return cache
+
+    lengths = torch.randint(1, cfg.max_cache, (rows,), device=device,
+                            generator=_generator(cfg.seed, f"{name}/lengths", device))
+    return DpBatch(make("hidden", (rows, cfg.hidden)), make_cache("k"), make_cache("v"), lengths)
+
+
+@dataclass
+class Batch:
+    """A decode step of every DP group, in DP order."""
+
+    groups: list[DpBatch]
+
+    @property
+    def dp_sizes(self) -> list[int]:
+        return [g.rows for g in self.groups]
+
+
+def make_batch(cfg: ModelConfig, dp_sizes: list[int], device="cpu") -> Batch:
+    return Batch([make_dp_batch(cfg, n, d, device) for d, n in enumerate(dp_sizes)])
+
+
+def rank_part(group: DpBatch, cfg: ModelConfig, layout, rank: int) -> DpBatch:
+    """What `rank` holds of its DP group's batch: every request, its heads of the caches."""
+    s = Shard.for_rank(cfg, layout, rank)
+    return group.heads(s.head0, s.head1)
+
+
+def cut_batch(batch: Batch, cfg: ModelConfig, layout, rank: int) -> DpBatch:
+    """`rank`'s part of a full batch (a copy): its DP group's rows, its attention heads."""
+    if len(batch.groups) != layout.attn_dp:
+        raise ValueError(f"batch: has {len(batch.groups)} DP groups, layout {layout.name} has "
+                         f"attn_dp={layout.attn_dp}")
+    return rank_part(batch.groups[layout.coords(rank).attn_dp_rank], cfg, layout, rank)
