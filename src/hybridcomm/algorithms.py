@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 log = logging.getLogger("hybridcomm")
 
@@ -50,6 +51,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(16 * MiB, "nvlink", "two_shot"),
         Rule(None, "nccl", "nccl"),
     ),
+    "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
+        Rule(16 * MiB, "nvlink", "fused"),
+        Rule(None, "nccl", "nccl"),
+    ),
     "scatter_tokens": (
         Rule(1 * MiB, "nvlink", "one_shot"),
         Rule(16 * MiB, "nvlink", "two_shot"),
@@ -65,14 +70,15 @@ class Choice:
     reason: str
 
 
-def choose(op: str, message_bytes: int, nvlink_blocker: str | None,
+def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | None],
            table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
-    """`nvlink_blocker`: why our kernels cannot run this call (None if they can)."""
+    """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can)."""
     for rule in table[op]:
         if rule.max_bytes is None or message_bytes <= rule.max_bytes:
             break
-    if rule.backend == "nvlink" and nvlink_blocker is not None:
-        choice = Choice("nccl", "nccl", nvlink_blocker)
+    blocker = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
+    if blocker is not None:
+        choice = Choice("nccl", "nccl", blocker)
     else:
         limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
         choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}")
@@ -80,3 +86,17 @@ def choose(op: str, message_bytes: int, nvlink_blocker: str | None,
         log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,
                   choice.algorithm, choice.reason)
     return choice
+
+
+def forced(algorithms: dict[str, str], table: dict[str, tuple[Rule, ...]] = TABLE) -> dict[str, tuple[Rule, ...]]:
+    """A table that runs op -> algorithm on our kernels at every size (tests and sweeps)."""
+    return {op: (Rule(None, "nvlink", algorithms[op]),) if op in algorithms else rules
+            for op, rules in table.items()}
+
+
+NAMED_TABLES = {
+    "auto": TABLE,
+    "one_shot": forced({"all_reduce": "one_shot", "gather_tokens": "one_shot", "scatter_tokens": "one_shot",
+                        "all_gather_v": "one_shot", "reduce_scatter_v": "one_shot"}),
+    "two_shot": forced({"all_reduce": "two_shot", "gather_tokens": "two_shot", "scatter_tokens": "two_shot"}),
+}

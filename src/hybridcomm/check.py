@@ -253,20 +253,104 @@ def cases_for_layout(layout: Layout, dtypes=("float32", "bfloat16"), data: str =
     return cases
 
 
-def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = False) -> list[Outcome]:
-    """Worker entry: run every case on this rank through one Communicator per layout."""
+_communicators: dict = {}  # per worker: (layout, backend, table, validate) -> Communicator
+
+
+def communicator(layout: Layout, backend: str = "auto", table: str = "auto", validate: bool = False):
+    """This worker's Communicator for these settings, created once (creation is collective)."""
     import torch.distributed as dist
 
+    from .algorithms import NAMED_TABLES
     from .communicator import Communicator
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    outcomes, comms = [], {}
+    key = (layout, backend, table, validate)
+    if key not in _communicators:
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        _communicators[key] = Communicator(layout, device=device, backend=backend, validate=validate,
+                                           table=NAMED_TABLES[table])
+    return _communicators[key]
+
+
+def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = False,
+                table: str = "auto") -> list[Outcome]:
+    """Worker entry: run every case on this rank through one Communicator per layout."""
+    outcomes = []
     for case in cases:
-        if case.layout not in comms:
-            comms[case.layout] = Communicator(case.layout, device=device, backend=backend,
-                                              validate=validate)
-        outcomes.append(run_case(comms[case.layout], case, comms[case.layout].device, exact))
+        comm = communicator(case.layout, backend, table, validate)
+        outcomes.append(run_case(comm, case, comm.device, exact))
     return outcomes
+
+
+def replay_check(template: Case, replays: int, capacity: int, table: str = "auto", seed: int = 0) -> dict:
+    """Worker entry: capture `template`'s op once in a CUDA graph with device-side sizes at
+    `capacity` rows per member, then replay it with random sizes (zeros included) and fresh
+    random data, comparing every replay with the oracle. Returns mismatch details and a digest
+    per replay (for the cross-rank comparison)."""
+    import torch.distributed as dist
+
+    comm = communicator(template.layout, "auto", table)
+    rank, device = comm.rank, comm.device
+    lay = template.layout
+    count = len(template.sizes)
+    gathers = template.op in ("all_gather_v", "gather_tokens")
+    rows = capacity if gathers else count * capacity
+    x = torch.zeros((rows,) + template.row_shape, dtype=template.torch_dtype, device=device)
+    residual, weight = torch.zeros_like(x), torch.zeros(template.row_shape, dtype=x.dtype, device=device)
+    sizes_dev = torch.full((count,), capacity, dtype=torch.int32, device=device)
+
+    def op():
+        if template.op == "all_gather_v":
+            return comm.all_gather_v(x, sizes_dev, template.group)
+        if template.op == "reduce_scatter_v":
+            return comm.reduce_scatter_v(x, sizes_dev, template.group)
+        if template.op == "scatter_tokens":
+            return comm.scatter_tokens(x, sizes_dev)
+        if template.fused:
+            return comm.gather_tokens(x, sizes_dev, template.partial, residual=residual, norm_weight=weight)
+        return comm.gather_tokens(x, sizes_dev, template.partial)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op()
+    outs = out if isinstance(out, tuple) else (out,)
+    rng = random.Random(seed)
+    failures, digests = [], []
+    for it in range(replays):
+        sizes = [rng.randint(0, capacity) for _ in range(count)]
+        if it % 3 == 0:
+            sizes[rng.randrange(count)] = 0
+        case = Case(template.op, lay, tuple(sizes), template.group, template.row_shape, template.dtype,
+                    template.data, template.partial, template.fused, True, seed * 1000003 + it)
+        x.fill_(1e4)  # rows beyond the counts must never be read
+        inp = member_input(case, rank, device)
+        x[: inp.shape[0]] = inp
+        if template.fused:
+            r, w = fusion_inputs(case, lay.coords(rank).attn_dp_rank, device)
+            residual[: r.shape[0]] = r
+            weight.copy_(w)
+        sizes_dev.copy_(torch.tensor(sizes, dtype=torch.int32))
+        for o in outs:
+            o.fill_(float("nan"))  # poison: rows the kernel forgets stay NaN
+        graph.replay()
+        want = expected(case, rank, device)
+        if isinstance(want, tuple):
+            got = (outs[0][: want[0].shape[0]], outs[1][: want[1].shape[0]])
+        else:
+            got = outs[0][: want.shape[0]]
+        detail = compare(got, want, "sums", template.fused)
+        if detail:
+            failures.append(f"replay {it} sizes {sizes}: {detail}")
+        digests.append(digest(got[0] if template.fused else got))
+    torch.cuda.synchronize()
+    comm.check_errors()
+    del graph
+    dist.barrier()
+    return {"failures": failures[:10], "mismatches": len(failures), "digests": digests}
 
 
 def cross_rank_mismatches(cases: list[Case], per_rank: list[list[Outcome]]) -> list[str]:

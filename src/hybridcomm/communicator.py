@@ -45,11 +45,12 @@ class Communicator:
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
+    table: the selection table (default algorithms.TABLE); tests and tuning pass others.
     """
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,
                  timeout_s: float = 10.0, backend: str = "auto",
-                 workspace_bytes: int | None = None):
+                 workspace_bytes: int | None = None, table: dict | None = None):
         if not isinstance(layout, Layout):
             raise TypeError(f"layout: expected a hybridcomm.Layout, got {type(layout).__name__}")
         if not dist.is_initialized():
@@ -70,6 +71,7 @@ class Communicator:
         self.groups = create_groups(layout, self.rank)
         self.backends = {"reference": ReferenceBackend(self.groups)}
         self.forced = None if backend == "auto" else backend
+        self.table = algorithms.TABLE if table is None else table
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -144,7 +146,8 @@ class Communicator:
             return s
 
         s = self._check("gather_tokens", world, dp_sizes, check)
-        backend, algorithm = self._select("gather_tokens", world,
+        op = "gather_tokens" if fusion is None else "gather_tokens_norm"
+        backend, algorithm = self._select(op, world,
                                           self._gathered_bytes(x, s, dp.index), x, s)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
@@ -241,8 +244,14 @@ class Communicator:
         if self.device.type == "cpu":
             return self.backends["reference"], None
         nvlink = self.backends.get("nvlink")
-        blocker = "nvlink backend not loaded" if nvlink is None else nvlink.blocker(op, group, x, sizes)
-        choice = algorithms.choose(op, nbytes, blocker)
+        kernel_op = "gather_tokens" if op == "gather_tokens_norm" else op
+
+        def blocker(algorithm: str) -> str | None:
+            if nvlink is None:
+                return "nvlink backend not loaded"
+            return nvlink.blocker(kernel_op, algorithm, group, x, sizes)
+
+        choice = algorithms.choose(op, nbytes, blocker, self.table)
         return self.backends[choice.backend], choice.algorithm
 
     def _raise_recorded_error(self) -> None:

@@ -29,9 +29,10 @@ def _host_counts(sizes: Sizes) -> list[int]:
     return list(sizes.values())
 
 
-def all_gather_rows(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+def all_gather_rows(x: torch.Tensor, counts: list[int], group: Group, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Member i's first counts[i] rows, concatenated; into `out` (sum(counts) rows) if given."""
     row_shape = tuple(x.shape[1:])
-    out = x.new_empty((sum(counts),) + row_shape)
+    out = x.new_empty((sum(counts),) + row_shape) if out is None else out
     mine = x[: counts[group.index]]
     if group.size == 1:
         out.copy_(mine)
@@ -42,9 +43,10 @@ def all_gather_rows(x: torch.Tensor, counts: list[int], group: Group) -> torch.T
     return out
 
 
-def reduce_scatter_rows(x: torch.Tensor, counts: list[int], group: Group) -> torch.Tensor:
+def reduce_scatter_rows(x: torch.Tensor, counts: list[int], group: Group, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of member i's slice summed over the group; into `out` if given."""
     total = sum(counts)
-    out = x.new_empty((counts[group.index],) + tuple(x.shape[1:]))
+    out = x.new_empty((counts[group.index],) + tuple(x.shape[1:])) if out is None else out
     if group.size == 1:
         out.copy_(x[:total])
     elif len(set(counts)) == 1:

@@ -1,0 +1,110 @@
+"""Our kernels: unicast pushes over NVLink into peers' symmetric memory (see csrc/).
+
+The backend owns the workspace, says per call whether a kernel can run it (`blocker`), and
+calls the custom ops of hybridcomm.kernels. Semantics are the reference's, bit for bit
+(fp32 sums in group order), except the fused RMSNorm, whose hidden-dimension sum uses a
+different tree (within one rounding of the reference).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import build, kernels
+from ..arguments import Sizes, result_rows
+from ..errors import CapacityExceeded, PeerTimeout
+from ..groups import Group
+from ..layout import GROUP_NAMES
+from ..workspace import DEFAULT_AREA_BYTES, Workspace
+
+OP_NAMES = {1: "all_reduce", 2: "all_gather_v", 3: "reduce_scatter_v", 4: "gather_tokens", 5: "scatter_tokens"}
+
+
+class NvlinkBackend:
+    name = "nvlink"
+
+    def __init__(self, comm, workspace_bytes: int | None = None):
+        self.layout, self.groups, self.timeout_s = comm.layout, comm.groups, comm.timeout_s
+        self.workspace = Workspace(comm.layout, comm.groups, comm.device,
+                                   workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
+        self.handles: dict[str, int] = {}
+        if self.workspace.args:
+            lib = build.load(build.device_arch())
+            self.handles = {name: kernels.register_group(lib, args) for name, args in self.workspace.args.items()}
+        self.payload_per_peer = self.workspace.area_bytes // 2  # LL packets carry half payload
+
+    # -- can a kernel run this call? ---------------------------------------------------------
+    def blocker(self, op: str, algorithm: str, group: Group, x: torch.Tensor, sizes: Sizes | None) -> str | None:
+        """Why our kernel cannot run this call, or None."""
+        if self.workspace.blocker:
+            return self.workspace.blocker
+        if group.name not in self.handles:
+            return f"group {group.name!r} has one rank: nothing to communicate"
+        row_bytes = math.prod(x.shape[1:]) * x.element_size()
+        if op == "all_reduce":
+            nbytes = x.numel() * x.element_size()
+            if nbytes % 16:
+                return f"{nbytes} bytes is not a multiple of 16"
+            per_peer = nbytes if algorithm == "one_shot" else -(-nbytes // group.size)
+        else:
+            if row_bytes % 16:
+                return f"rows of {row_bytes} bytes are not a multiple of 16"
+            rows = max(sizes.host) if sizes.host is not None else x.shape[0]
+            per_peer = rows * row_bytes
+        if per_peer > self.payload_per_peer:
+            return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
+                    f"{self.payload_per_peer} (raise workspace_bytes)")
+        return None
+
+    # -- ops ---------------------------------------------------------------------------------
+    def all_reduce(self, x, group: Group, algorithm):
+        return torch.ops.hybridcomm.all_reduce(x, self.handles[group.name], kernels.ALL_REDUCE[algorithm])
+
+    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm):
+        out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
+        return torch.ops.hybridcomm.all_gather_v(x, sizes.device, list(sizes.host or ()), self.handles[group.name],
+                                                 out_rows)
+
+    def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
+        out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
+        return torch.ops.hybridcomm.reduce_scatter_v(x, sizes.device, list(sizes.host or ()),
+                                                     self.handles[group.name], out_rows)
+
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm):
+        dp = self.groups["attn_dp"]
+        out_rows = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
+        host = list(dp_sizes.host or ())
+        handle, tp = self.handles["world"], self.layout.attn_tp
+        if fusion is not None:
+            return torch.ops.hybridcomm.gather_tokens_norm(x, dp_sizes.device, host, fusion.residual, fusion.weight,
+                                                           fusion.eps, handle, tp, partial, out_rows)
+        if not partial:
+            algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
+        return torch.ops.hybridcomm.gather_tokens(x, dp_sizes.device, host, handle, tp, partial,
+                                                  kernels.GATHER_TOKENS[algorithm], out_rows)
+
+    def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
+        dp = self.groups["attn_dp"]
+        out_rows = result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)
+        return torch.ops.hybridcomm.scatter_tokens(y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
+                                                   self.layout.attn_tp, kernels.SCATTER_TOKENS[algorithm], out_rows)
+
+    # -- errors ------------------------------------------------------------------------------
+    def raise_recorded_error(self) -> None:
+        if not self.workspace.args:
+            return
+        word = self.workspace.recorded_error()
+        if not word:
+            return
+        code, op, group_id, peer = word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF, (word >> 24) & 0xFFFF
+        op_name, group_name = OP_NAMES.get(op, f"op {op}"), GROUP_NAMES[group_id]
+        if code == 2:
+            # Kernels stayed in step (every rank skipped or clamped the same way): clear and go on.
+            self.workspace.error_word.zero_()
+            self.workspace.error_mirror.zero_()
+            raise CapacityExceeded(f"{op_name} on group {group_name!r}: device-side sizes asked for more rows "
+                                   f"than the buffers or the workspace hold (seen by rank {peer}); "
+                                   f"that call's output is incomplete")
+        raise PeerTimeout(op_name, group_name, peer, self.timeout_s)

@@ -1,0 +1,62 @@
+"""Buffers for the baselines every benchmark runs in the same process as our kernels.
+
+- nccl:      plain NCCL through torch.distributed on ordinary tensors.
+- nccl_symm: the same collectives on tensors from a memory pool registered with NCCL as
+             symmetric windows (NCCL's low-latency symmetric kernels).
+- symm_mem:  torch symmetric memory's one-shot / two-shot all-reduce (unicast; NVLink
+             multicast stays off: TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class NcclSymmetricBuffers:
+    """Flat byte buffers from an NCCL-registered pool; `view` cuts typed tensors from them."""
+
+    def __init__(self, nbytes: list[int], device: torch.device):
+        self.error = None
+        try:
+            backend = dist.group.WORLD._get_backend(device)
+            self.pool = torch.cuda.MemPool(backend.mem_allocator)
+            with torch.cuda.use_mem_pool(self.pool):
+                self.buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in nbytes]
+            try:
+                backend.register_mem_pool(self.pool, symm=True)
+            except TypeError:  # a torch without the symm flag: plain registration
+                backend.register_mem_pool(self.pool)
+                self.error = "registered without symm=True (older torch)"
+        except Exception as e:  # report, do not hide: the table shows the column as missing
+            self.buffers, self.error = None, f"{type(e).__name__}: {e}"
+
+    def view(self, index: int, shape, dtype) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        return self.buffers[index][: n * torch.finfo(dtype).bits // 8].view(dtype).view(shape)
+
+
+class SymmMemBuffer:
+    """One rendezvoused symmetric buffer for torch.ops.symm_mem all-reduces."""
+
+    def __init__(self, nbytes: int, device: torch.device):
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        self.error = None
+        self.group_name = dist.group.WORLD.group_name
+        try:
+            self.buffer = symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
+            symm_mem.rendezvous(self.buffer, dist.group.WORLD)
+        except Exception as e:
+            self.buffer, self.error = None, f"{type(e).__name__}: {e}"
+
+    def view(self, numel: int, dtype) -> torch.Tensor:
+        return self.buffer[: numel * torch.finfo(dtype).bits // 8].view(dtype)
+
+    def one_shot(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.symm_mem.one_shot_all_reduce(x, "sum", self.group_name)
+
+    def two_shot(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.symm_mem.two_shot_all_reduce_(x, "sum", self.group_name)

@@ -1,0 +1,154 @@
+"""Results files: JSON (everything), a Markdown table and a PNG plot per benchmark."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def _header(env: dict) -> str:
+    keys = ("date", "gpu", "gpus", "driver", "torch", "cuda", "nccl")
+    return " | ".join(f"{k}: {env[k]}" for k in keys if k in env)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.1f}" if v >= 100 else f"{v:.2f}"
+
+
+def ops_markdown(results: dict) -> str:
+    by = defaultdict(dict)
+    for r in results["records"]:
+        by[(r["op"], r["bytes"])][r["impl"]] = r["us"]
+    impls = sorted({r["impl"] for r in results["records"]}, key=lambda k: (k != "hybridcomm", k in BASELINES, k))
+    out = [f"# bench ops, world {results['world_size']}, {results['dtype']}", "", _header(results["environment"]), "",
+           "µs per call (CUDA graph replay, median of repeats, max over ranks); ratio = best baseline / hybridcomm "
+           "(> 1: we are faster).", ""]
+    for op in dict.fromkeys(r["op"] for r in results["records"]):
+        rows = []
+        for (o, nbytes), cols in sorted(by.items()):
+            if o != op:
+                continue
+            base = [cols[b] for b in BASELINES if b in cols]
+            ratio = f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"
+            rows.append([human_bytes(nbytes)] + [_fmt(cols.get(i)) for i in impls] + [ratio])
+        out += [f"## {op}", "", _table(["size"] + impls + ["ratio"], rows), ""]
+    if "eager_overhead_us" in results:
+        out += ["## eager per-call cost (µs, wall clock, 2 KB all_reduce)", ""]
+        out += [f"- {k}: {v:.1f}" for k, v in results["eager_overhead_us"].items()]
+    for note in ("workspace", "nccl_symm_note", "symm_mem_note"):
+        if results.get(note):
+            out += ["", f"{note}: {results[note]}"]
+    return "\n".join(out) + "\n"
+
+
+def transitions_markdown(results: dict) -> str:
+    by = defaultdict(dict)
+    for r in results["records"]:
+        by[(r["layout"], r["op"], r["case"], tuple(r["tokens_per_dp"]))][r["impl"]] = r["us"]
+    impls = sorted({r["impl"] for r in results["records"]})
+    out = [f"# bench transitions, hidden {results['hidden']}, {results['dtype']}", "", _header(results["environment"]),
+           "", "µs per call (CUDA graph replay, median, max over ranks); ratio = best NCCL baseline / hybridcomm.", ""]
+    for layout, op in dict.fromkeys((k[0], k[1]) for k in by):
+        rows = []
+        for (lay, o, case, tokens), cols in by.items():
+            if (lay, o) != (layout, op):
+                continue
+            base = [cols[b] for b in ("nccl", "nccl_symm") if b in cols]
+            ratio = f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"
+            rows.append([case, ",".join(map(str, tokens))] + [_fmt(cols.get(i)) for i in impls] + [ratio])
+        out += [f"## {layout} {op}", "", _table(["case", "tokens/DP rank"] + impls + ["ratio"], rows), ""]
+    return "\n".join(out) + "\n"
+
+
+def ops_plot(results: dict, path: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot"
+    ops = list(dict.fromkeys(r["op"] for r in results["records"]))
+    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        series = defaultdict(list)
+        for r in results["records"]:
+            if r["op"] == op:
+                series[r["impl"]].append((r["bytes"], r["us"]))
+        for impl, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
+                    linewidth=2.5 if impl == "hybridcomm" else 1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message bytes")
+        ax.set_ylabel("µs per call")
+        ax.set_title(f"{op}, world {results['world_size']}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(_header(results["environment"]), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def transitions_plot(results: dict, path: Path) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot"
+    keys = list(dict.fromkeys((r["layout"], r["op"]) for r in results["records"]))
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.5), squeeze=False)
+    for ax, (layout, op) in zip(axes[0], keys):
+        series = defaultdict(list)
+        for r in results["records"]:
+            if (r["layout"], r["op"], r["case"]) == (layout, op, "balanced"):
+                series[r["impl"]].append((r["tokens_per_dp"][0], r["us"]))
+        for impl, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
+                    linewidth=2.5 if impl == "hybridcomm" else 1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per DP rank (balanced)")
+        ax.set_ylabel("µs per call")
+        ax.set_title(f"{layout} {op}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(_header(results["environment"]), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def write(results: dict, out: Path, kind: str) -> list[Path]:
+    """out: the .json path; writes out, out.md and out.png beside it."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    written = [out]
+    markdown = {"ops": ops_markdown, "transitions": transitions_markdown}.get(kind)
+    if markdown:
+        out.with_suffix(".md").write_text(markdown(results))
+        written.append(out.with_suffix(".md"))
+    plot = {"ops": ops_plot, "transitions": transitions_plot}.get(kind)
+    if plot and results.get("environment", {}).get("gpu") and plot(results, out.with_suffix(".png")) is None:
+        written.append(out.with_suffix(".png"))
+    return written

@@ -1,0 +1,93 @@
+"""How every number here is taken (DESIGN.md section 6).
+
+A call is captured `calls` times back to back in one CUDA graph; the graph is replayed
+`repeats` times between events; the median µs per call is taken on each rank and the
+max over ranks is reported (the slowest rank sets a collective's time). Eager launch
+overhead stays out of the number; `eager_us` measures it separately.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+REPEATS = 7
+
+
+def calls_per_graph(nbytes: int) -> int:
+    """Many calls for small messages (so one replay is long enough to time), few for big ones."""
+    return max(5, min(100, int(256e6 // max(nbytes, 1))))
+
+
+def graph_us(call: Callable[[], object], calls: int, repeats: int = REPEATS) -> float:
+    """Median µs per call on this rank, timed as CUDA graph replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # lazy setup (NCCL, allocations) happens outside capture
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3 / calls)
+    del graph
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def eager_us(call: Callable[[], object], calls: int = 200) -> float:
+    """Wall-clock µs per eager call (Python, checks, launch), the device kept ahead of it."""
+    for _ in range(10):
+        call()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e6 / calls
+
+
+def max_over_ranks(values: list[float]) -> list[float]:
+    """Element-wise max over ranks (NaN counts as +inf, so a failure is not hidden)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.nan_to_num(torch.tensor(values, dtype=torch.float64, device=device), nan=float("inf"))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def environment() -> dict:
+    """Date, GPU, driver, torch, CUDA and NCCL versions: every results file carries them."""
+    import datetime
+    import subprocess
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__}
+    if torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                   gpus=torch.cuda.device_count(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=20).stdout.split()[0]
+        except Exception as e:  # report what failed rather than a made-up value
+            env["driver"] = f"unknown ({type(e).__name__})"
+    return env

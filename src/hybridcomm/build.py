@@ -1,0 +1,148 @@
+"""Build csrc/*.cu with nvcc into a shared library, cached by source hash, nvcc and GPU arch.
+
+The library's API is extern "C" (raw pointers, sizes, cudaStream_t), so it does not depend
+on PyTorch's C++ ABI: any nvcc that supports the arch builds it, and CI compiles it with no
+GPU present (`hybridcomm build --arch 90a`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+CSRC = Path(__file__).parent / "csrc"
+NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC"]
+
+
+def sources() -> list[Path]:
+    return sorted(CSRC.glob("*.cu"))
+
+
+def nvcc_path() -> str:
+    for candidate in (shutil.which("nvcc"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise RuntimeError("nvcc not found: install the CUDA toolkit or put nvcc on PATH")
+
+
+def device_arch() -> str:
+    """The current GPU's arch ('90a' on Hopper: the arch-specific target)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def gencode(arch: str) -> str:
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hybridcomm"
+
+
+def _fingerprint(arch: str, nvcc: str) -> str:
+    h = hashlib.sha256()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    for part in (arch, version, " ".join(NVCC_FLAGS)):
+        h.update(part.encode())
+    for f in sorted(CSRC.glob("*.cu*")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: bool = False) -> list[Path]:
+    """Compile every .cu to an object in out_dir (in parallel); raises with nvcc's output on failure."""
+    nvcc = nvcc or nvcc_path()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def one(src: Path) -> Path:
+        obj = out_dir / (src.stem + ".o")
+        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), "-c", str(src), "-o", str(obj)]
+        if verbose:
+            print(" ".join(cmd), flush=True)
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"nvcc failed on {src.name}:\n{run.stdout}{run.stderr}")
+        return obj
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(sources()), os.cpu_count() or 1))) as pool:
+        return list(pool.map(one, sources()))
+
+
+def build(arch: str | None = None, verbose: bool = False) -> Path:
+    """Path of the shared library for `arch`, building it first if the cache lacks it."""
+    arch = arch or device_arch()
+    nvcc = nvcc_path()
+    target = cache_dir() / f"libhybridcomm-{arch}-{_fingerprint(arch, nvcc)}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together build once
+        if target.exists():
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            objects = compile_objects(arch, Path(tmp), nvcc, verbose)
+            partial = Path(tmp) / target.name
+            cmd = [nvcc, "-shared", gencode(arch), *map(str, objects), "-o", str(partial)]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode:
+                raise RuntimeError(f"nvcc link failed:\n{run.stdout}{run.stderr}")
+            os.replace(partial, target)
+    return target
+
+
+# -- the C API --------------------------------------------------------------------------------
+MAX_RANKS = 8
+
+
+class GroupArgs(ctypes.Structure):
+    """Mirror of hc::GroupArgs in csrc/protocol.cuh."""
+
+    _fields_ = [
+        ("nranks", ctypes.c_int),
+        ("me", ctypes.c_int),
+        ("world_ranks", ctypes.c_int * MAX_RANKS),
+        ("regions", ctypes.c_void_p * MAX_RANKS),
+        ("state", ctypes.c_void_p),
+        ("error_word", ctypes.c_void_p),
+        ("error_mirror", ctypes.c_void_p),
+        ("area_bytes", ctypes.c_uint64),
+        ("timeout_ns", ctypes.c_uint64),
+        ("group_id", ctypes.c_int),
+        ("max_blocks", ctypes.c_int),
+    ]
+
+
+_P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+_G = ctypes.POINTER(GroupArgs)
+SIGNATURES = {
+    "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _P],
+    "hc_all_gather_v": [_G, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
+    "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+}
+
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def load(arch: str | None = None) -> ctypes.CDLL:
+    arch = arch or device_arch()
+    if arch not in _loaded:
+        lib = ctypes.CDLL(str(build(arch)))
+        for name, argtypes in SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+        _loaded[arch] = lib
+    return _loaded[arch]

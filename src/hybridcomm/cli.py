@@ -1,0 +1,255 @@
+"""hybridcomm info | check | build | bench {ops,transitions,layer}
+
+Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
+on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from .layout import Layout
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() > 1 else "cpu"
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- info --------------------------------------------------------------------------------------
+def cmd_info(args) -> int:
+    from .workspace import DEFAULT_AREA_BYTES, describe_plan
+
+    print(f"hybridcomm {__import__('hybridcomm').__version__}, torch {torch.__version__}")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        print(f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, {n} GPU(s)")
+        for i in range(n):
+            print(f"  GPU {i}: {torch.cuda.get_device_name(i)}")
+        if n > 1:
+            print("peer access (row -> column):")
+            print("      " + " ".join(f"{j:>3}" for j in range(n)))
+            for i in range(n):
+                cells = ["  -" if i == j else ("yes" if torch.cuda.can_device_access_peer(i, j) else " no")
+                         for j in range(n)]
+                print(f"  {i:>3} " + " ".join(cells))
+    else:
+        print("CUDA: not available (CPU: reference backend over gloo)")
+    layout = Layout.parse(args.layout)
+    print()
+    print(layout.rank_table())
+    print()
+    print(describe_plan(layout, args.workspace_bytes or DEFAULT_AREA_BYTES))
+    return 0
+
+
+# -- check -------------------------------------------------------------------------------------
+def check_world(world: int, quick: bool) -> list:
+    from .check import cases_for_layout
+
+    cases = []
+    for i, layout in enumerate(Layout.all_for_world(world)):
+        cases += cases_for_layout(layout, dtypes=("float32", "bfloat16"), device_sizes=(False, True), seed=i)
+        if not quick:
+            cases += cases_for_layout(layout, dtypes=("bfloat16", "float16"), data="randn", row_shape=(64,),
+                                      seed=100 + i)
+    return cases
+
+
+def _exactness(device: str, backend: str) -> str:
+    if device == "cpu" or backend == "reference":
+        return "all"
+    return "none" if backend == "nccl" else "sums"
+
+
+def _report_check(cases, per_rank) -> int:
+    from .check import cross_rank_mismatches
+
+    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
+    failures += cross_rank_mismatches(cases, per_rank)
+    by_layout: dict[str, list[int]] = {}
+    for i, case in enumerate(cases):
+        ok = all(per_rank[r][i].ok for r in range(len(per_rank)))
+        stats = by_layout.setdefault(case.layout.name, [0, 0])
+        stats[0 if ok else 1] += 1
+    for name, (ok, bad) in by_layout.items():
+        print(f"{name:<22} {ok:>5} cases passed, {bad} failed")
+    for f in failures[:50]:
+        print("FAIL", f)
+    print(f"{'PASS' if not failures else 'FAIL'}: {len(cases)} cases x {len(per_rank)} ranks, "
+          f"{len(failures)} failure(s)")
+    return 0 if not failures else 1
+
+
+def cmd_check(args) -> int:
+    from .check import check_cases
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
+        import torch.distributed as dist
+
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        world = dist.get_world_size()
+        cases = check_world(world, args.quick)
+        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend))
+        gathered = [None] * world
+        dist.all_gather_object(gathered, outcomes)
+        code = _report_check(cases, gathered) if dist.get_rank() == 0 else 0
+        dist.destroy_process_group()
+        return code
+    from .spmd import SpmdPool
+
+    device = args.device or _default_device()
+    cases = check_world(args.world, args.quick)
+    _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
+              f"{args.world} on {device}, backend {args.backend} ...")
+    with SpmdPool(args.world, device) as pool:
+        per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend), timeout=1800)
+    return _report_check(cases, per_rank)
+
+
+# -- build -------------------------------------------------------------------------------------
+def cmd_build(args) -> int:
+    from . import build
+
+    arch = args.arch or (build.device_arch() if torch.cuda.is_available() else "90a")
+    if args.objects:
+        objs = build.compile_objects(arch, __import__("pathlib").Path(args.objects), verbose=True)
+        print(f"compiled {len(objs)} object(s) for sm_{arch} into {args.objects}")
+    else:
+        print(build.build(arch, verbose=True))
+    return 0
+
+
+# -- bench -------------------------------------------------------------------------------------
+def _write(results: dict, out: str | None, kind: str) -> None:
+    if out:
+        from .bench import report
+
+        for path in report.write(results, out, kind):
+            _progress(f"wrote {path}")
+
+
+def cmd_bench_ops(args) -> int:
+    from .bench import report
+    from .bench.ops import bench_ops
+
+    device = args.device or _default_device()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
+    results = bench_ops(args.world, device, sizes)
+    print(report.ops_markdown(results))
+    _write(results, args.out, "ops")
+    return 0
+
+
+def cmd_bench_transitions(args) -> int:
+    from .bench import report
+    from .bench.transitions import bench_transitions
+
+    if not torch.cuda.is_available():
+        print("bench transitions times our CUDA kernels against NCCL: it needs GPUs", file=sys.stderr)
+        return 2
+    results = bench_transitions(args.layouts.split(","), args.world)
+    print(report.transitions_markdown(results))
+    _write(results, args.out, "transitions")
+    return 0
+
+
+def _token_lists(text: str, imbalanced: bool) -> list:
+    tokens: list = [int(t) for t in text.split(",")]
+    if imbalanced:
+        tokens += [[64] + [1] * (d - 1) for d in (2, 4, 8)]  # one DP rank busy, the rest nearly idle
+    return tokens
+
+
+def cmd_bench_layer(args) -> int:
+    from .bench.layer import bench_layer, format_layer_table
+
+    device = args.device or _default_device()
+    layouts = args.layout or ["dp2xtp2"]
+    cuda = device == "cuda"
+    backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
+    config = args.config or ("bench" if cuda else "tiny")
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    tokens = _token_lists(args.tokens or ("1,4,16,64,256" if cuda else "4,16"), args.imbalanced)
+    world = Layout.parse(layouts[0]).world_size
+    results = bench_layer(layouts, tokens, world, device=device, backends=backends, steps=args.steps,
+                          dtype=dtype, config=config)
+    print(format_layer_table(results))
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+        Path(args.out).with_suffix(".md").write_text("```\n" + format_layer_table(results) + "\n```\n")
+        _progress(f"wrote {args.out}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hybridcomm", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="versions, GPUs, peer access, a layout's ranks, workspace memory")
+    info.add_argument("--layout", default="dp2xtp2")
+    info.add_argument("--workspace-bytes", type=int, default=None)
+    info.set_defaults(fn=cmd_info)
+
+    check = sub.add_parser("check", help="every op over every layout of a world against the oracle")
+    check.add_argument("--world", type=int, default=4)
+    check.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    check.add_argument("--backend", choices=["auto", "reference", "nccl", "nvlink"], default="auto")
+    check.add_argument("--quick", action="store_true", help="integer data only")
+    check.set_defaults(fn=cmd_check)
+
+    build = sub.add_parser("build", help="compile the CUDA sources (cached)")
+    build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
+    build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
+    build.set_defaults(fn=cmd_build)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
+    ops.add_argument("--world", type=int, default=4)
+    ops.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    ops.add_argument("--sizes", default=None, help="comma-separated bytes")
+    ops.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    ops.set_defaults(fn=cmd_bench_ops)
+
+    tr = bench.add_parser("transitions", help="gather_tokens / scatter_tokens vs the two-kernel sequences")
+    tr.add_argument("--layouts", default="dp2xtp2,dp4,tp4")
+    tr.add_argument("--world", type=int, default=4)
+    tr.add_argument("--out", default=None)
+    tr.set_defaults(fn=cmd_bench_transitions)
+
+    layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
+    layer.add_argument("--layout", action="append", default=None,
+                       help="layout (repeat for several), e.g. dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2")
+    layer.add_argument("--tokens", default=None, help="tokens per DP rank, comma-separated")
+    layer.add_argument("--imbalanced", action="store_true", help="also one DP rank with 64 tokens, others 1")
+    layer.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
+    layer.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    layer.add_argument("--config", choices=["tiny", "bench"], default=None)
+    layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    layer.add_argument("--steps", type=int, default=20)
+    layer.add_argument("--out", default=None)
+    layer.set_defaults(fn=cmd_bench_layer)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

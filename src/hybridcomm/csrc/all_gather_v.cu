@@ -1,0 +1,76 @@
+// all_gather_v over a group, uneven rows per member: every rank pushes its rows to every
+// peer, each rank copies what arrives to its place in the output (members in group order).
+// Row counts may live in device memory, so a captured graph replays with new counts.
+#include "launch.cuh"
+
+namespace hc {
+
+__global__ void __launch_bounds__(kThreads)
+    all_gather_v_push(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, SizesArg sizes,
+                      int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
+  const Call c = begin_call(g);
+  const Deadline dl(g);
+  arrive(g, c);
+  const int n = g.nranks, me = g.me;
+  RowCounts rc = load_counts(sizes, n);
+  // Same verdict on every rank (same sizes, same area size): nobody sends, nobody waits.
+  if (rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {
+    if (grid_thread() == 0) record_error(g, kCapacity, kAllGatherV, me);
+    rc.max = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) rc.count[s] = 0;
+  }
+  // Local bounds (device sizes larger than this rank's buffers): guard, report, keep in step.
+  if (grid_thread() == 0 && (rc.count[me] > in_rows || rc.offset[n] > out_rows))
+    record_error(g, kCapacity, kAllGatherV, me);
+  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+  const int64_t my_lanes = rc.count[me] * row_lanes, my_out = rc.offset[me] * row_lanes;
+  for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
+    for (int k = 1; k < n; ++k) {
+      int peer = (me + k) % n;
+      put_packet(area(g, g.regions[peer], c.slot, 0, me) + i, v, c.flag);
+    }
+    if (my_out + i < out_lanes) out[my_out + i] = v;
+  }
+  for (int64_t i = grid_thread(); i < rc.max * row_lanes; i += grid_threads()) {
+    const uint4* src[kMaxRanks];
+    uint2 data[kMaxRanks];
+    uint32_t pending = 0;
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      src[s] = nullptr;
+      if (s < n && s != me && i < rc.count[s] * row_lanes) {
+        src[s] = area(g, g.regions[me], c.slot, 0, s) + i;
+        pending |= 1u << s;
+      }
+    }
+    const uint32_t received = pending;
+    get_packets(src, pending, c.flag, data, g, dl, kAllGatherV, 0);
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      int64_t o = rc.offset[s] * row_lanes + i;
+      if (((received >> s) & 1u) && o < out_lanes) out[o] = data[s];
+    }
+  }
+  end_call(g, c, dl, kAllGatherV);
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// sizes_device: int32[nranks] on the device, or null to use sizes_host.
+// in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of 16.
+extern "C" int hc_all_gather_v(const GroupArgs* g, const void* in, void* out, const int32_t* sizes_device,
+                               const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
+                               int64_t out_rows, cudaStream_t stream) {
+  if (row_bytes % 16) return (int)cudaErrorInvalidValue;
+  SizesArg sizes{sizes_device, {}};
+  for (int i = 0; i < g->nranks && !sizes_device; ++i) sizes.host[i] = sizes_host[i];
+  const int64_t row_lanes = row_bytes / 8;
+  const int blocks = blocks_for(out_rows * row_lanes, *g);
+  all_gather_v_push<<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, sizes, row_lanes,
+                                                     in_rows, out_rows);
+  return launch_status();
+}

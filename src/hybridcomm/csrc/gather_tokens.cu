@@ -1,0 +1,254 @@
+// gather_tokens: attention output -> MoE input, in one kernel. The group is the world,
+// ranks numbered rank = dp * tp + t. DP group d holds counts[d] rows; on input they are
+// partial over its tp ranks (or replicated, partial = 0); on output every rank holds every
+// group's rows, summed, in DP order.
+//
+// one_shot : every rank pushes all its rows to every peer; each rank sums each group's tp
+//            contributions. One hop; (world - 1) x rows leave every GPU.
+// two_shot : reduce-scatter inside the DP group (rank t sums chunk t of the rows), then
+//            the summed chunk goes to every rank. Two hops, fewer bytes.
+// fused    : residual add + RMSNorm. Phase 1 sums all of the group's rows on every tp rank
+//            (one-shot inside the group), adds the residual and normalises one row per
+//            warp; every tp rank gets identical bits, so each pushes only its chunk of
+//            normed rows to the other groups in phase 2.
+//
+// Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
+// indexed by that group-local lane in every phase.
+#include "launch.cuh"
+
+namespace hc {
+
+struct TokenShape {
+  int tp, dp, d, t;  // attention TP size, DP size, and my coordinates
+  RowCounts rc;      // rows per DP group
+  int64_t row_lanes;
+};
+
+__device__ __forceinline__ TokenShape token_shape(const GroupArgs& g, int tp, const SizesArg& sizes,
+                                                  int64_t row_lanes, int op) {
+  TokenShape s{tp, g.nranks / tp, g.me / tp, g.me % tp, load_counts(sizes, g.nranks / tp), row_lanes};
+  if (s.rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {  // same verdict on every rank
+    if (grid_thread() == 0) record_error(g, kCapacity, op, g.me);
+    s.rc.max = 0;
+#pragma unroll
+    for (int i = 0; i <= kMaxRanks; ++i) {
+      if (i < kMaxRanks) s.rc.count[i] = 0;
+      s.rc.offset[i] = 0;
+    }
+  }
+  return s;
+}
+
+// DP group of output lane o (lanes of all groups back to back).
+__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) {
+  int d = 0;
+  while (d + 1 < s.dp && s.rc.offset[d + 1] * s.row_lanes <= o) ++d;
+  return d;
+}
+
+// Rank holding chunk lane i of group d after a chunked phase.
+__device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
+  return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count[d], s.tp);
+}
+
+__device__ __forceinline__ void check_local_bounds(const GroupArgs& g, const TokenShape& s, int64_t in_rows,
+                                                   int64_t out_rows, int op) {
+  if (grid_thread() == 0 && (s.rc.count[s.d] > in_rows || s.rc.offset[s.dp] > out_rows))
+    record_error(g, kCapacity, op, g.me);
+}
+
+// Push lanes [begin, end) of my input to every rank outside my DP group (and to my tp peers
+// too when `with_tp_peers`), into their area `phase` under my index.
+__device__ __forceinline__ void push_lanes(const GroupArgs& g, const Call& c, const TokenShape& s, int phase,
+                                           bool with_tp_peers, int64_t i, uint2 v) {
+  for (int k = 1; k < g.nranks; ++k) {
+    int peer = (g.me + k) % g.nranks;
+    if (with_tp_peers || peer / s.tp != s.d) put_packet(area(g, g.regions[peer], c.slot, phase, g.me) + i, v, c.flag);
+  }
+}
+
+// Every lane of other groups that arrives chunked (one holder per row) in area `phase`.
+__device__ __forceinline__ void receive_chunked(const GroupArgs& g, const Call& c, const Deadline& dl,
+                                                const TokenShape& s, int phase, bool skip_mine,
+                                                uint2* __restrict__ out, int64_t out_lanes, int op) {
+  const int64_t total = s.rc.offset[s.dp] * s.row_lanes;
+  for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
+    const int d = group_of_lane(s, o);
+    if (skip_mine && d == s.d) continue;
+    const int64_t i = o - s.rc.offset[d] * s.row_lanes;
+    const int holder = chunk_holder(s, d, i);
+    if (holder == g.me) continue;
+    uint2 v = get_packet(area(g, g.regions[g.me], c.slot, phase, holder) + i, c.flag, g, dl, op, holder);
+    if (o < out_lanes) out[o] = v;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gather_tokens_one_shot(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
+                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
+  const Call c = begin_call(g);
+  const Deadline dl(g);
+  arrive(g, c);
+  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
+  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
+  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+  const int64_t my_lanes = s.rc.count[s.d] * row_lanes;
+  // Partial rows go to everyone; replicated rows only as my chunk, and only outside my group.
+  const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count[s.d], s.t, tp) * row_lanes;
+  const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count[s.d], s.t + 1, tp) * row_lanes;
+  for (int64_t i = send_begin + grid_thread(); i < send_end; i += grid_threads()) {
+    push_lanes(g, c, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+  }
+  if (partial) {
+    const int64_t total = s.rc.offset[s.dp] * row_lanes;
+    for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
+      const int d = group_of_lane(s, o);
+      const int64_t i = o - s.rc.offset[d] * row_lanes;
+      const uint2 local = d == s.d && i < in_lanes ? in[i] : make_uint2(0, 0);
+      uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
+      if (o < out_lanes) out[o] = r;
+    }
+  } else {
+    const int64_t mine = s.rc.offset[s.d] * row_lanes;
+    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+      if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? in[i] : make_uint2(0, 0);
+    }
+    receive_chunked(g, c, dl, s, 0, true, out, out_lanes, kGatherTokens);
+  }
+  end_call(g, c, dl, kGatherTokens);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gather_tokens_two_shot(GroupArgs g, int tp, const uint2* __restrict__ in, uint2* __restrict__ out,
+                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
+  const Call c = begin_call(g);
+  const Deadline dl(g);
+  arrive(g, c);
+  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
+  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
+  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
+  // Phase 1: lane i of chunk t' goes to tp peer t'.
+  for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    const int holder = chunk_holder(s, s.d, i);
+    if (holder != g.me) put_packet(area(g, g.regions[holder], c.slot, 0, g.me) + i, i < in_lanes ? in[i] : make_uint2(0, 0), c.flag);
+  }
+  // Sum my chunk over the tp ranks, keep it, push it to every other rank.
+  const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
+  const int64_t mine = s.rc.offset[s.d] * row_lanes;
+  for (int64_t i = begin + grid_thread(); i < end; i += grid_threads()) {
+    const uint2 local = i < in_lanes ? in[i] : make_uint2(0, 0);
+    uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, s.t, s.d * tp, i, local);
+    if (mine + i < out_lanes) out[mine + i] = r;
+    push_lanes(g, c, s, 1, true, i, r);
+  }
+  // Phase 2: every chunk summed elsewhere.
+  receive_chunked(g, c, dl, s, 1, false, out, out_lanes, kGatherTokens);
+  end_call(g, c, dl, kGatherTokens);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);  // same bits on all lanes
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gather_tokens_fused(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
+                        const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                        uint2* __restrict__ residual_out, float eps, SizesArg sizes, int64_t row_lanes,
+                        int64_t in_rows, int64_t out_rows) {
+  const Call c = begin_call(g);
+  const Deadline dl(g);
+  arrive(g, c);
+  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
+  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
+  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
+  // Phase 1: partial rows to my tp peers.
+  if (partial) {
+    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+      const uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
+      for (int k = 1; k < tp; ++k) {
+        const int peer = s.d * tp + (s.t + k) % tp;
+        put_packet(area(g, g.regions[peer], c.slot, 0, g.me) + i, v, c.flag);
+      }
+    }
+  }
+  // One warp per row: sum, add residual, normalise; push my chunk's rows to other groups.
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = grid_thread() >> 5, warps = grid_threads() >> 5;
+  const float inv_hidden = 1.0f / (float)(row_lanes * Lane<T>::kN);
+  const int64_t mine = s.rc.offset[s.d] * row_lanes;
+  for (int64_t r = warp; r < rows; r += warps) {
+    const bool in_bounds = r < in_rows;
+    float sumsq = 0.f;
+    for (int64_t l = lane; l < row_lanes; l += 32) {
+      const int64_t i = r * row_lanes + l;
+      const uint2 local = in_bounds ? in[i] : make_uint2(0, 0);
+      // fp32 sum in tp order; the residual is added before the single rounding (norm.py).
+      float acc[4], res[4];
+      sum_sources<T>(g, c, dl, kGatherTokens, 0, partial ? tp : 1, partial ? s.t : 0, s.d * tp, i, local, acc);
+      Lane<T>::unpack(in_bounds ? residual[i] : make_uint2(0, 0), res);
+#pragma unroll
+      for (int k = 0; k < Lane<T>::kN; ++k) acc[k] += res[k];
+      const uint2 packed = Lane<T>::pack(acc);
+      if (in_bounds) residual_out[i] = packed;
+      Lane<T>::unpack(packed, acc);
+#pragma unroll
+      for (int k = 0; k < Lane<T>::kN; ++k) sumsq += acc[k] * acc[k];
+    }
+    const float scale = 1.0f / sqrtf(warp_sum(sumsq) * inv_hidden + eps);
+    const bool my_chunk = chunk_owner(r, rows, tp) == s.t;
+    for (int64_t l = lane; l < row_lanes; l += 32) {
+      const int64_t i = r * row_lanes + l;
+      float v[4], w[4];
+      Lane<T>::unpack(in_bounds ? residual_out[i] : make_uint2(0, 0), v);
+      Lane<T>::unpack(weight[l], w);
+#pragma unroll
+      for (int k = 0; k < Lane<T>::kN; ++k) v[k] = v[k] * scale * w[k];
+      const uint2 normed = Lane<T>::pack(v);
+      if (mine + i < out_lanes) out[mine + i] = normed;
+      if (my_chunk) push_lanes(g, c, s, 1, false, i, normed);
+    }
+  }
+  // Phase 2: other groups' normed rows, each from the tp rank whose chunk holds it.
+  receive_chunked(g, c, dl, s, 1, true, out, out_lanes, kGatherTokens);
+  end_call(g, c, dl, kGatherTokens);
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// algorithm: 0 = one-shot, 1 = two-shot (partial only), 2 = fused residual + RMSNorm.
+// in_rows: rows `in` holds (capacity); out_rows: rows `out` holds. residual, weight,
+// residual_out are used by algorithm 2 only (residual / residual_out hold in_rows rows).
+extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, int partial,
+                                const void* in, void* out, const void* residual, const void* weight,
+                                void* residual_out, float eps, const int32_t* sizes_device,
+                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
+                                int64_t out_rows, cudaStream_t stream) {
+  if (row_bytes % 16 || tp < 1 || g->nranks % tp || (algorithm == 1 && !partial))
+    return (int)cudaErrorInvalidValue;
+  SizesArg sizes{sizes_device, {}};
+  for (int i = 0; i < g->nranks / tp && !sizes_device; ++i) sizes.host[i] = sizes_host[i];
+  const int64_t row_lanes = row_bytes / 8;
+  const int blocks = blocks_for(out_rows * row_lanes, *g);
+  HC_DISPATCH_DTYPE(dtype, {
+    if (algorithm == 0)
+      gather_tokens_one_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, (const uint2*)in, (uint2*)out,
+                                                                    sizes, row_lanes, in_rows, out_rows);
+    else if (algorithm == 1)
+      gather_tokens_two_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, (const uint2*)in, (uint2*)out, sizes,
+                                                                    row_lanes, in_rows, out_rows);
+    else
+      gather_tokens_fused<Elem><<<blocks, kThreads, 0, stream>>>(
+          *g, tp, partial, (const uint2*)in, (uint2*)out, (const uint2*)residual, (const uint2*)weight,
+          (uint2*)residual_out, eps, sizes, row_lanes, in_rows, out_rows);
+  });
+  return launch_status();
+}

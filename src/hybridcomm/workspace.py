@@ -1,0 +1,139 @@
+"""The nvlink backend's memory: one symmetric buffer per communicator, cut into regions.
+
+Every distinct group of the layout (attn_tp, attn_dp, moe_tp, moe_ep, world; groups with
+the same members share one) gets a region on every rank:
+
+    [arrival flags 256 B][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
+
+An area receives one source's LL packets for one phase of one call (16 bytes of packet per
+8 bytes of payload), so a source can send at most area_bytes / 2 bytes of payload per call.
+Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
+pointers). Memory per GPU: sum over regions of 256 + 4 * n * area_bytes.
+
+Each region also has a small local state (call counter, block counter, abort flag) in
+device memory; the error word is shared by the communicator and mirrored to pinned host
+memory, so the host can check for errors on every call without synchronising.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .build import MAX_RANKS, GroupArgs
+from .groups import Group
+from .layout import GROUP_NAMES, Layout
+
+FLAG_BYTES = 256
+DEFAULT_AREA_BYTES = 4 << 20
+
+
+def region_bytes(members: int, area_bytes: int) -> int:
+    return FLAG_BYTES + 2 * 2 * members * area_bytes
+
+
+def region_groups(layout: Layout) -> tuple[dict[str, tuple], str | None]:
+    """Group name -> partition key (all groups of that name) for every group name that gets a
+    region, and why none do (or None). The same on every rank."""
+    if layout.num_nodes > 1:
+        return {}, "the layout spans nodes; the nvlink workspace is single-node (NCCL across nodes)"
+    if layout.world_size > MAX_RANKS:
+        return {}, f"world of {layout.world_size} ranks; our kernels handle groups of 2-{MAX_RANKS}"
+    keys = {name: tuple(layout.groups(name)) for name in GROUP_NAMES if len(layout.group_ranks(name, 0)) > 1}
+    return keys, None
+
+
+def memory_plan(layout: Layout, area_bytes: int) -> list[tuple[list[str], int, int]]:
+    """(group names sharing a region, members per group, region bytes) per region, in
+    allocation order. Needs no GPU: `hybridcomm info` prints it."""
+    keys, _ = region_groups(layout)
+    plan = []
+    for key in dict.fromkeys(keys.values()):
+        names = [n for n, k in keys.items() if k == key]
+        plan.append((names, len(key[0]), region_bytes(len(key[0]), area_bytes)))
+    return plan
+
+
+def describe_plan(layout: Layout, area_bytes: int) -> str:
+    keys, blocker = region_groups(layout)
+    if blocker:
+        return f"nvlink workspace: none ({blocker})"
+    plan = memory_plan(layout, area_bytes)
+    total = sum(p[2] for p in plan)
+    lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer, "
+             f"phase and slot; {area_bytes >> 11} KiB of payload per peer and call)"]
+    lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
+    return "\n".join(lines)
+
+
+def peer_access_blocker(layout: Layout, device: torch.device) -> str | None:
+    count = torch.cuda.device_count()
+    if count < layout.world_size:
+        return None  # one visible GPU per process: the symmetric-memory rendezvous decides
+    for other in range(layout.world_size):
+        if other != device.index and not torch.cuda.can_device_access_peer(device.index, other):
+            return f"GPU {device.index} has no peer access to GPU {other}"
+    return None
+
+
+class Workspace:
+    def __init__(self, layout: Layout, groups: dict[str, Group], device: torch.device,
+                 area_bytes: int, timeout_s: float):
+        if area_bytes <= 0 or area_bytes % 16:
+            raise ValueError(f"workspace_bytes: expected a positive multiple of 16, got {area_bytes}")
+        self.area_bytes, self.layout = area_bytes, layout
+        self.keys, self.blocker = region_groups(layout)
+        self.blocker = self.blocker or peer_access_blocker(layout, device)
+        self.args: dict[str, GroupArgs] = {}
+        self.total_bytes = 0
+        if self.blocker:
+            self.keys = {}
+            return
+        partitions = list(dict.fromkeys(self.keys.values()))  # same order on every rank
+        offsets, sizes = {}, {}
+        for key in partitions:
+            offsets[key] = self.total_bytes
+            sizes[key] = region_bytes(len(key[0]), area_bytes)
+            self.total_bytes += sizes[key]
+        peers = self._rendezvous(device)
+        self.error_word = torch.zeros(1, dtype=torch.int64, device=device)
+        self.error_mirror = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        self._error_view = self.error_mirror.numpy()
+        self.states = {key: torch.zeros(4, dtype=torch.int32, device=device) for key in partitions}
+        blocks = torch.cuda.get_device_properties(device).multi_processor_count
+        for name, key in self.keys.items():
+            g = groups[name]
+            self.args[name] = GroupArgs(
+                nranks=g.size, me=g.index,
+                world_ranks=(ctypes.c_int * MAX_RANKS)(*g.ranks),
+                regions=(ctypes.c_void_p * MAX_RANKS)(*[peers[r] + offsets[key] for r in g.ranks]),
+                state=self.states[key].data_ptr(), error_word=self.error_word.data_ptr(),
+                error_mirror=self.error_mirror.data_ptr(), area_bytes=area_bytes,
+                timeout_ns=int(timeout_s * 1e9), group_id=GROUP_NAMES.index(name), max_blocks=blocks)
+
+    def _rendezvous(self, device: torch.device) -> list[int]:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        world = dist.group.WORLD
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                symm_mem.enable_symm_mem_for_group(world.group_name)
+        self.buffer = symm_mem.empty(self.total_bytes, dtype=torch.uint8, device=device)
+        self.handle = symm_mem.rendezvous(self.buffer, world)
+        self.buffer.zero_()  # flags start at 0; call flags start at 1
+        torch.cuda.synchronize(device)
+        dist.barrier(group=world)
+        return [int(p) for p in self.handle.buffer_ptrs]
+
+    def recorded_error(self) -> int:
+        """The packed error word (0: none): code | op << 8 | group << 16 | peer << 24."""
+        return int(self._error_view[0])
+
+    def describe(self) -> str:
+        if self.blocker:
+            return f"nvlink workspace: none ({self.blocker})"
+        return describe_plan(self.layout, self.area_bytes)

@@ -1,0 +1,162 @@
+"""GPU tests: our kernels against the oracle on 4 GPUs (skipped without them).
+
+Run by scripts/gpu_check.sh on the GPU machine. Sums are compared bit for bit (our kernels
+reduce in fp32 in group order, like the reference); the fused RMSNorm output within one
+bf16 rounding; NCCL within tolerance. Outputs are poisoned with NaN before every op.
+"""
+
+import time
+
+import pytest
+import torch
+
+from conftest import needs_gpus
+from hybridcomm import Layout
+from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
+
+pytestmark = [pytest.mark.gpu, needs_gpus(4)]
+
+MAIN_LAYOUTS = [Layout(4, attn_tp=2), Layout(4), Layout(4, attn_tp=4)]  # DP2xTP2, DP4, TP4
+
+
+def _poisoned_check(cases, backend, exact, table):
+    import hybridcomm.kernels as kernels
+    kernels.poison_outputs = True
+    return check_cases(cases, backend, exact, table=table)
+
+
+def _run(pool, cases, backend="auto", exact="sums", table="auto"):
+    per_rank = pool(4, "cuda").run(_poisoned_check, cases, backend, exact, table, timeout=600)
+    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
+    failures += cross_rank_mismatches(cases, per_rank)
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+
+
+def _cases(layouts, seed):
+    cases = []
+    for i, lay in enumerate(layouts):
+        cases += cases_for_layout(lay, dtypes=("bfloat16", "float32"), data="randn", row_shape=(64,),
+                                  device_sizes=(False, True), seed=seed + i)
+        cases += cases_for_layout(lay, dtypes=("float16",), data="int", row_shape=(4, 8), seed=seed + 50 + i)
+    return cases
+
+
+@pytest.mark.timeout(900)
+def test_every_op_and_group_of_every_world_4_layout_matches_the_oracle(pool):
+    _run(pool, _cases(Layout.all_for_world(4), seed=10))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("table", ["one_shot", "two_shot"])
+def test_each_algorithm_forced_matches_the_oracle(pool, table):
+    _run(pool, _cases(MAIN_LAYOUTS + [Layout(4, attn_tp=2, moe_tp=2)], seed=20), table=table)
+
+
+@pytest.mark.timeout(900)
+def test_large_messages_cross_the_table_thresholds(pool):
+    cases = []
+    for lay in MAIN_LAYOUTS:
+        # Sizes that select each algorithm of the table (rows of 8 KB) but stay on our kernels.
+        for op, sizes in [("all_reduce", (300,)), ("all_reduce", (1000,)), ("gather_tokens", (40,) * lay.attn_dp),
+                          ("gather_tokens", (150,) * lay.attn_dp), ("scatter_tokens", (40,) * lay.attn_dp),
+                          ("scatter_tokens", (150,) * lay.attn_dp)]:
+            cases.append(Case(op, lay, sizes, row_shape=(4096,), dtype="bfloat16", data="randn", seed=len(cases)))
+        cases.append(Case("gather_tokens", lay, (150,) * lay.attn_dp, row_shape=(4096,), dtype="bfloat16",
+                          data="randn", fused=True, seed=99))
+    _run(pool, cases)
+
+
+@pytest.mark.timeout(900)
+def test_nccl_backend_matches_the_oracle_within_tolerance(pool):
+    cases = []
+    for i, lay in enumerate(MAIN_LAYOUTS):
+        cases += cases_for_layout(lay, dtypes=("bfloat16",), data="randn", row_shape=(64,), seed=30 + i)
+    _run(pool, cases, backend="nccl", exact="none")
+
+
+REPLAY_OPS = [
+    ("all_gather_v", "world", True, False), ("all_gather_v", "attn_tp", True, False),
+    ("reduce_scatter_v", "world", True, False), ("reduce_scatter_v", "attn_dp", True, False),
+    ("gather_tokens", "world", True, False), ("gather_tokens", "world", False, False),
+    ("gather_tokens", "world", True, True), ("scatter_tokens", "world", True, False),
+]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("layout", MAIN_LAYOUTS, ids=lambda lay: lay.name)
+def test_one_graph_replayed_1000_times_with_random_device_side_sizes(pool, layout):
+    for op, group, partial, fused in REPLAY_OPS:
+        if group != "world" and len(layout.group_ranks(group, 0)) == 1:
+            continue
+        count = layout.attn_dp if op.endswith("tokens") else len(layout.group_ranks(group, 0))
+        template = Case(op, layout, (0,) * count, group, row_shape=(256,), dtype="bfloat16", data="randn",
+                        partial=partial, fused=fused, device_sizes=True)
+        for table in (("auto", "two_shot") if op in ("gather_tokens", "scatter_tokens") and partial and not fused
+                      else ("auto",)):
+            replays = 1000 if table == "auto" else 200
+            per_rank = pool(4, "cuda").run(replay_check, template, replays, 6, table, 7, timeout=900)
+            what = f"{op} {group} partial={partial} fused={fused} table={table}"
+            for rank, result in enumerate(per_rank):
+                assert result["mismatches"] == 0, f"{what} rank {rank}: {result['failures']}"
+            # Ranks that hold the same value hold the same bits, on every replay.
+            same_value = {"all_gather_v": group, "gather_tokens": "world", "scatter_tokens": "attn_tp"}
+            classes = {layout.group_ranks(same_value[op], r) for r in range(4)} if op in same_value else set()
+            for members in classes:
+                for it in range(replays):
+                    assert len({per_rank[r]["digests"][it] for r in members}) == 1, f"{what}: replay {it}"
+
+
+def _skip_a_call(timeout_s):
+    import torch.distributed as dist
+    import hybridcomm as hc
+
+    comm = hc.Communicator(hc.Layout(4), timeout_s=timeout_s)
+    x = torch.ones(256, device="cuda")
+    comm.all_reduce(x)  # everyone
+    comm.check_errors()
+    start = time.monotonic()
+    if dist.get_rank() != 3:  # rank 3 skips the second call
+        try:
+            comm.all_reduce(x)
+            comm.check_errors()
+            return ("no error", time.monotonic() - start)
+        except hc.PeerTimeout as e:
+            return (str(e), time.monotonic() - start, e.peer, e.op, e.group)
+    return None
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_that_skips_a_call_makes_its_peers_raise_peer_timeout_naming_it(pool):
+    timeout_s = 0.5
+    results = pool(4, "cuda").run(_skip_a_call, timeout_s, timeout=120)
+    for rank in range(3):
+        message, elapsed, peer, op, group = results[rank]
+        assert (peer, op, group) == (3, "all_reduce", "world"), message
+        assert "peer rank 3" in message
+        # A deadline, not a speed claim: the kernel must give up, not spin forever.
+        assert elapsed < timeout_s + 30, f"rank {rank} took {elapsed:.1f} s"
+
+
+def _overfull_device_sizes():
+    import hybridcomm as hc
+
+    comm = hc.Communicator(hc.Layout(4))
+    x = torch.ones(4, 128, device="cuda")
+    sizes = torch.tensor([4, 9, 4, 4], dtype=torch.int32, device="cuda")  # 21 rows > 16, and 9 > 4
+    comm.all_gather_v(x, sizes)
+    try:
+        comm.check_errors()
+        first = None
+    except hc.CapacityExceeded as e:
+        first = str(e)
+    # The kernels stayed in step: the next call works.
+    ok = comm.all_gather_v(x, [4, 4, 4, 4])
+    comm.check_errors()
+    return first, bool((ok == 1).all())
+
+
+@pytest.mark.timeout(300)
+def test_device_sizes_beyond_capacity_raise_and_leave_the_communicator_usable(pool):
+    for first, ok in pool(4, "cuda").run(_overfull_device_sizes, timeout=120):
+        assert first is not None and "more rows than the buffers" in first
+        assert ok
