@@ -14,10 +14,10 @@ from .decoder import (CommTransitions, DistributedDecoder, attention, cached_att
                       decode_step, decoder_layer, expert_mlp, moe, route)
 from .reference import LocalTransitions, reference_forward
 from .weights import (Batch, DpBatch, LayerWeights, ModelWeights, cut_batch, make_batch,
-                      make_dp_batch, rank_part)
+                      make_dp_batch, rank_part, group_route_offsets, route_offsets)
 
 __all__ = ["ModelConfig", "Shard", "dtype_from_name", "dtype_name", "CommTransitions",
            "DistributedDecoder", "attention", "cached_attention", "decode_step", "decoder_layer",
            "expert_mlp", "moe", "route", "LocalTransitions", "reference_forward", "Batch",
            "DpBatch", "LayerWeights", "ModelWeights", "cut_batch", "make_batch",
-           "make_dp_batch", "rank_part"]
+           "make_dp_batch", "rank_part", "group_route_offsets", "route_offsets"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 from ..layout import Layout
@@ -23,6 +25,26 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """Shape of the reference decoder, its dtype, and the seed of its data.
+
+    route_margin: every token gets a fixed *preferred* set of top_k experts, drawn
+    uniformly from (seed, its DP group index, its row in the group) -- see
+    `route_offsets` -- and the router adds route_margin to the logits of those experts
+    (0 elsewhere) before its top-k. The gate values are the softmax over the *raw*
+    logits of the chosen experts (without the offsets), so they still come from the
+    activations; only the choice of experts is pinned. Why: in bf16 the ranks round
+    partial sums where the single-process reference does not; over the layers that
+    flips near-ties between a token's k-th and (k+1)-th logit, a flipped expert changes
+    that token's output by O(1), and the layer bench's error column would measure
+    tie-breaking instead of communication. The router logits have std ~1 (the router
+    input is RMS-normed; measured max spread between a token's experts 5.2-6.5 over 512
+    tokens), so the margin must exceed that spread by far: with 4, 1.5-3.4% of tokens
+    per layer still left their preferred set (1024 tokens, tiny and bench shapes) and
+    a bf16 dp2xtp2 run on CPU still flipped a token (max relative row error 0.8); with
+    16, no token left it and no row flipped (measured). route_margin=0 gives the plain
+    top-k router (offsets all zero).
+    """
+
     hidden: int
     heads: int
     head_dim: int
@@ -34,6 +56,7 @@ class ModelConfig:
     eps: float = 1e-6
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    route_margin: float = 16.0
 
     def __post_init__(self) -> None:
         for name in ("hidden", "heads", "head_dim", "experts", "top_k", "intermediate", "layers"):
@@ -45,6 +68,10 @@ class ModelConfig:
         # A decode step writes its token at position len and len >= 1, so capacity >= 2.
         if not isinstance(self.max_cache, int) or self.max_cache < 2:
             raise ValueError(f"ModelConfig.max_cache: expected an int >= 2, got {self.max_cache!r}")
+        margin = self.route_margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not (
+                math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"ModelConfig.route_margin: expected a finite number >= 0, got {margin!r}")
         if self.dtype not in DTYPES.values():
             raise ValueError(f"ModelConfig.dtype: expected one of {sorted(DTYPES)}, got {self.dtype}")
 

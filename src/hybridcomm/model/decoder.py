@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..communicator import Communicator
 from ..norm import rms_norm
 from .config import ModelConfig, Shard
-from .weights import DpBatch, LayerWeights, ModelWeights
+from .weights import DpBatch, LayerWeights, ModelWeights, route_offsets
 
 
 # -- attention ----------------------------------------------------------------------------
@@ -57,11 +57,17 @@ def attention(x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: 
 
 
 # -- MoE ----------------------------------------------------------------------------------
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Dense fp32 gates (tokens, experts): the renormalised top-k softmax, 0 elsewhere."""
-    probs = torch.softmax((x @ router).float(), dim=-1)
-    top, chosen = probs.topk(top_k, dim=-1)
-    return torch.zeros_like(probs).scatter_(1, chosen, top / top.sum(dim=-1, keepdim=True))
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int,
+          offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """Dense fp32 gates (tokens, experts). The chosen experts are the top_k of the router
+    logits + `offsets` (fp32 (tokens, experts), the routing margin: see
+    ModelConfig.route_margin and `route_offsets`); their gates are the softmax over
+    their raw logits, without the offsets, and 0 elsewhere. Without offsets (or all-zero
+    ones) this is the plain top-k router: the renormalised top-k softmax."""
+    logits = (x @ router).float()
+    scores = logits if offsets is None else logits + offsets
+    chosen = scores.topk(top_k, dim=-1).indices
+    return torch.zeros_like(logits).scatter_(1, chosen, torch.softmax(logits.gather(1, chosen), dim=-1))
 
 
 def expert_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
@@ -99,25 +105,29 @@ class CommTransitions:
 
 
 def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  lengths: torch.Tensor, cfg: ModelConfig, transitions) -> torch.Tensor:
+                  lengths: torch.Tensor, cfg: ModelConfig, transitions,
+                  offsets: torch.Tensor) -> torch.Tensor:
     """h: this DP group's rows -> the same rows after one layer.
 
     transitions.gather(o_partial, residual, norm_weight, eps) -> (normed rows of every DP
     group, residual rows of this group): the only place the post-attention residual add
     and norm happen. transitions.scatter(y_partial) -> this group's reduced rows.
+    offsets: the routing offsets of every gathered row (`route_offsets`).
     """
     o_partial = attention(rms_norm(h, w.input_norm, cfg.eps), w, k_cache, v_cache, lengths, cfg.head_dim)
     normed_all, residual = transitions.gather(o_partial, h, w.post_attn_norm, cfg.eps)
-    y_partial = moe(normed_all, route(normed_all, w.router, cfg.top_k), w)
+    y_partial = moe(normed_all, route(normed_all, w.router, cfg.top_k, offsets), w)
     return residual + transitions.scatter(y_partial)
 
 
-def decode_step(weights: ModelWeights, part: DpBatch, transitions) -> torch.Tensor:
-    """Every layer on `part` (its caches get this step's k, v); returns the final rows."""
+def decode_step(weights: ModelWeights, part: DpBatch, transitions, offsets: torch.Tensor) -> torch.Tensor:
+    """Every layer on `part` (its caches get this step's k, v); returns the final rows.
+    offsets: routing offsets of all the MoE's rows (every DP group's), the same in
+    every layer."""
     h = part.hidden
     for layer, w in enumerate(weights.layers):
         h = decoder_layer(h, w, part.k_cache[layer], part.v_cache[layer], part.lengths,
-                          weights.cfg, transitions)
+                          weights.cfg, transitions, offsets)
     return h
 
 
@@ -132,11 +142,28 @@ class DistributedDecoder:
         self.cfg, self.comm = cfg, comm
         self.shard = Shard.for_rank(cfg, comm.layout, comm.rank)
         self.weights = weights.shard(self.shard)
+        self._offsets: dict[tuple, torch.Tensor] = {}
+
+    def route_offsets(self, dp_sizes, device) -> torch.Tensor:
+        """Routing offsets of all tokens, built on the host once per (dp_sizes, device)
+        and kept: a CUDA graph captured after an eager step replays with the kept tensor."""
+        key = (tuple(int(n) for n in dp_sizes), torch.device(device))
+        if key not in self._offsets:
+            if key[1].type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("DistributedDecoder: run one eager step with these dp_sizes "
+                                   "before capturing a graph (the routing offsets are built on the host)")
+            self._offsets[key] = route_offsets(self.cfg, key[0], key[1])
+        return self._offsets[key]
 
     def forward(self, part: DpBatch, dp_sizes) -> torch.Tensor:
         """part: this rank's share of the batch (`cut_batch`): its DP group's requests,
         its heads of their caches. dp_sizes: tokens per DP group, the same on every rank.
         Returns this DP group's final hidden states (the same on its attn-TP ranks)."""
-        return decode_step(self.weights, part, CommTransitions(self.comm, dp_sizes))
+        dp = self.comm.layout.coords(self.comm.rank).attn_dp_rank
+        if part.dp_index != dp:
+            raise ValueError(f"DistributedDecoder: part is DP group {part.dp_index}'s, "
+                             f"rank {self.comm.rank} is in DP group {dp}")
+        return decode_step(self.weights, part, CommTransitions(self.comm, dp_sizes),
+                           self.route_offsets(dp_sizes, part.hidden.device))
 
     __call__ = forward

@@ -5,6 +5,8 @@ rebuilds the same values without coordination, and a batch's DP groups can be bu
 one at a time. Values are drawn in fp32, then cast. Weights are drawn on the CPU
 (the same on every machine); batches on their device, because a benchmark's KV caches
 are gigabytes (so a batch's values depend on the device type, not on the rank).
+Routing offsets (`route_offsets`) are drawn on the CPU, so every rank and the reference
+get the same ones whatever the device.
 """
 
 from __future__ import annotations
@@ -105,12 +107,15 @@ class DpBatch:
         garbage (random), as in a real paged cache, so masking mistakes show.
     lengths: (n,) int64 cached positions per request, in [1, max_cache - 1]; the step
         writes its token's k, v at position lengths and attends to 0..lengths inclusive.
+    dp_index: which DP group these requests are; with the row, a token's identity
+        for its routing offsets (`group_route_offsets`).
     """
 
     hidden: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     lengths: torch.Tensor
+    dp_index: int = 0
 
     @property
     def rows(self) -> int:
@@ -119,7 +124,7 @@ class DpBatch:
     def heads(self, head0: int, head1: int) -> "DpBatch":
         """A copy holding only heads [head0, head1) of the caches."""
         return DpBatch(self.hidden.clone(), self.k_cache[..., head0:head1, :].clone(),
-                       self.v_cache[..., head0:head1, :].clone(), self.lengths.clone())
+                       self.v_cache[..., head0:head1, :].clone(), self.lengths.clone(), self.dp_index)
 
 
 def make_dp_batch(cfg: ModelConfig, rows: int, dp_index: int, device="cpu") -> DpBatch:
@@ -140,7 +145,31 @@ def make_dp_batch(cfg: ModelConfig, rows: int, dp_index: int, device="cpu") -> D
 
     lengths = torch.randint(1, cfg.max_cache, (rows,), device=device,
                             generator=_generator(cfg.seed, f"{name}/lengths", device))
-    return DpBatch(make("hidden", (rows, cfg.hidden)), make_cache("k"), make_cache("v"), lengths)
+    return DpBatch(make("hidden", (rows, cfg.hidden)), make_cache("k"), make_cache("v"), lengths,
+                   dp_index)
+
+
+def group_route_offsets(cfg: ModelConfig, dp_index: int, rows: int) -> torch.Tensor:
+    """Routing offsets (rows, experts) fp32 on the CPU of DP group `dp_index`'s tokens:
+    route_margin on each token's preferred top_k experts, 0 elsewhere (all 0 when
+    route_margin is 0). The preferred set is uniform over the k-subsets: the top_k of
+    i.i.d. uniform keys. Row r's keys are the r-th draw of the group's generator, which
+    fills rows in order, so a token's offsets depend on (seed, dp_index, r) only, not
+    on how many rows the group has."""
+    offsets = torch.zeros((rows, cfg.experts))
+    if cfg.route_margin and rows:
+        keys = torch.rand((rows, cfg.experts), generator=_generator(cfg.seed, f"route/dp{dp_index}"))
+        offsets.scatter_(1, keys.topk(cfg.top_k, dim=-1).indices, float(cfg.route_margin))
+    return offsets
+
+
+def route_offsets(cfg: ModelConfig, dp_sizes, device="cpu") -> torch.Tensor:
+    """Routing offsets of every token of a step, (sum(dp_sizes), experts) fp32 in DP-group
+    order (the order of the MoE's gathered rows). Drawn on the CPU from (seed, dp_sizes)
+    alone, so every rank builds all of them without communication; then moved to
+    `device`. A host-side copy: build it before a CUDA graph capture, not inside."""
+    parts = [group_route_offsets(cfg, d, int(n)) for d, n in enumerate(dp_sizes)]
+    return torch.cat(parts).to(device)
 
 
 @dataclass
