@@ -47,7 +47,7 @@ def test_every_op_and_group_of_every_world_4_layout_matches_the_oracle(pool):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("table", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("table", ["one_shot", "two_shot", "bulk"])
 def test_each_algorithm_forced_matches_the_oracle(pool, table):
     _run(pool, _cases(MAIN_LAYOUTS + [Layout(4, attn_tp=2, moe_tp=2)], seed=20), table=table)
 

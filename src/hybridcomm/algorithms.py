@@ -35,7 +35,7 @@ class Rule:
 TABLE: dict[str, tuple[Rule, ...]] = {
     "all_reduce": (
         Rule(256 * KiB, "nvlink", "one_shot"),
-        Rule(8 * MiB, "nvlink", "two_shot"),
+        Rule(16 * MiB, "nvlink", "two_shot_bulk"),
         Rule(None, "nccl", "nccl"),
     ),
     "all_gather_v": (
@@ -99,4 +99,5 @@ NAMED_TABLES = {
     "one_shot": forced({"all_reduce": "one_shot", "gather_tokens": "one_shot", "scatter_tokens": "one_shot",
                         "all_gather_v": "one_shot", "reduce_scatter_v": "one_shot"}),
     "two_shot": forced({"all_reduce": "two_shot", "gather_tokens": "two_shot", "scatter_tokens": "two_shot"}),
+    "bulk": forced({"all_reduce": "two_shot_bulk"}),
 }

@@ -15,7 +15,7 @@ import torch
 from .build import MAX_RANKS, GroupArgs
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ALL_REDUCE = {"one_shot": 0, "two_shot": 1}
+ALL_REDUCE = {"one_shot": 0, "two_shot": 1, "two_shot_bulk": 2}
 GATHER_TOKENS = {"one_shot": 0, "two_shot": 1, "fused": 2}
 SCATTER_TOKENS = {"one_shot": 0, "two_shot": 1}
 

@@ -3,12 +3,12 @@
 Every distinct group of the layout (attn_tp, attn_dp, moe_tp, moe_ep, world; groups with
 the same members share one) gets a region on every rank:
 
-    [arrival flags 256 B][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
+    [flags 16.25 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
 
-An area receives one source's LL packets for one phase of one call (16 bytes of packet per
-8 bytes of payload), so a source can send at most area_bytes / 2 bytes of payload per call.
+An area receives one source's data for one phase of one call: LL packets (16 bytes per 8
+bytes of payload: at most area_bytes / 2 of payload) or bulk data (at most area_bytes).
 Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
-pointers). Memory per GPU: sum over regions of 256 + 4 * n * area_bytes.
+pointers). Memory per GPU: sum over regions of flags + 4 * n * area_bytes.
 
 Each region also has a small local state (call counter, block counter, abort flag) in
 device memory; the error word is shared by the communicator and mirrored to pinned host
@@ -27,7 +27,8 @@ from .build import MAX_RANKS, GroupArgs
 from .groups import Group
 from .layout import GROUP_NAMES, Layout
 
-FLAG_BYTES = 256
+FLAG_BYTES = 256 + 2 * MAX_RANKS * 256 * 4  # csrc/protocol.cuh kFlagBytes
+MAX_BLOCKS = 256  # kMaxBlocks: bulk-protocol flags per (phase, source)
 DEFAULT_AREA_BYTES = 4 << 20
 
 
@@ -103,7 +104,7 @@ class Workspace:
         self.error_mirror = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         self._error_view = self.error_mirror.numpy()
         self.states = {key: torch.zeros(4, dtype=torch.int32, device=device) for key in partitions}
-        blocks = torch.cuda.get_device_properties(device).multi_processor_count
+        blocks = min(torch.cuda.get_device_properties(device).multi_processor_count, MAX_BLOCKS)
         for name, key in self.keys.items():
             g = groups[name]
             self.args[name] = GroupArgs(

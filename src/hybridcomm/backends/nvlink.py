@@ -33,7 +33,6 @@ class NvlinkBackend:
         if self.workspace.args:
             lib = build.load(build.device_arch())
             self.handles = {name: kernels.register_group(lib, args) for name, args in self.workspace.args.items()}
-        self.payload_per_peer = self.workspace.area_bytes // 2  # LL packets carry half payload
 
     # -- can a kernel run this call? ---------------------------------------------------------
     def blocker(self, op: str, algorithm: str, group: Group, x: torch.Tensor, sizes: Sizes | None) -> str | None:
@@ -47,15 +46,17 @@ class NvlinkBackend:
             nbytes = x.numel() * x.element_size()
             if nbytes % 16:
                 return f"{nbytes} bytes is not a multiple of 16"
-            per_peer = nbytes if algorithm == "one_shot" else -(-nbytes // group.size)
+            per_peer = nbytes if algorithm == "one_shot" else -(-nbytes // (16 * group.size)) * 16
         else:
             if row_bytes % 16:
                 return f"rows of {row_bytes} bytes are not a multiple of 16"
             rows = max(sizes.host) if sizes.host is not None else x.shape[0]
             per_peer = rows * row_bytes
-        if per_peer > self.payload_per_peer:
+        # LL packets carry 8 bytes of payload in 16; the bulk protocol fills the area 1:1.
+        capacity = self.workspace.area_bytes // (1 if algorithm.endswith("bulk") else 2)
+        if per_peer > capacity:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
-                    f"{self.payload_per_peer} (raise workspace_bytes)")
+                    f"{capacity} (raise workspace_bytes)")
         return None
 
     # -- ops ---------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ message sizes 2 KB - 64 MB, bf16, our kernels and the baselines in the same run.
 Columns (µs per call, graph replay, median, max over ranks):
   hybridcomm     the Communicator's choice (selection table)
   hc_one_shot /  each of our algorithms forced, which is how the table is filled
-  hc_two_shot
+  hc_two_shot /
+  hc_two_shot_bulk
   nccl, nccl_symm, symm_one_shot, symm_two_shot: baselines (bench/baselines.py)
 Message size: all_reduce input, all_gather_v output, reduce_scatter_v input (as DEVICE.md).
 all_gather_v / reduce_scatter_v move one row of size/world bytes per rank.
@@ -47,7 +48,7 @@ def _calls(op: str, nbytes: int, comm: Communicator, symm: NcclSymmetricBuffers,
     if op == "all_reduce":
         x = torch.randn(numel, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.all_reduce(x)
-        for alg in ("one_shot", "two_shot"):
+        for alg in ("one_shot", "two_shot", "two_shot_bulk"):
             if nvlink.blocker(op, alg, world, x, None) is None:
                 calls[f"hc_{alg}"] = lambda alg=alg: nvlink.all_reduce(x, world, alg)
         calls["nccl"] = lambda: dist.all_reduce(x)

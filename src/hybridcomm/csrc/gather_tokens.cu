@@ -9,7 +9,7 @@
 //            the summed chunk goes to every rank. Two hops, fewer bytes.
 // fused    : residual add + RMSNorm. Phase 1 sums all of the group's rows on every tp rank
 //            (one-shot inside the group), adds the residual and normalises one row per
-//            warp; every tp rank gets identical bits, so each pushes only its chunk of
+//            block; every tp rank gets identical bits, so each pushes only its chunk of
 //            normed rows to the other groups in phase 2.
 //
 // Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
@@ -39,13 +39,6 @@ __device__ __forceinline__ TokenShape token_shape(const GroupArgs& g, int tp, co
   return s;
 }
 
-// DP group of output lane o (lanes of all groups back to back).
-__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) {
-  int d = 0;
-  while (d + 1 < s.dp && s.rc.offset[d + 1] * s.row_lanes <= o) ++d;
-  return d;
-}
-
 // Rank holding chunk lane i of group d after a chunked phase.
 __device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
   return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count[d], s.tp);
@@ -67,19 +60,33 @@ __device__ __forceinline__ void push_lanes(const GroupArgs& g, const Call& c, co
   }
 }
 
-// Every lane of other groups that arrives chunked (one holder per row) in area `phase`.
+// Group-local lane i of every group that arrives chunked (one holder per row) in area
+// `phase`, polling all groups' holders at once.
 __device__ __forceinline__ void receive_chunked(const GroupArgs& g, const Call& c, const Deadline& dl,
                                                 const TokenShape& s, int phase, bool skip_mine,
                                                 uint2* __restrict__ out, int64_t out_lanes, int op) {
-  const int64_t total = s.rc.offset[s.dp] * s.row_lanes;
-  for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
-    const int d = group_of_lane(s, o);
-    if (skip_mine && d == s.d) continue;
-    const int64_t i = o - s.rc.offset[d] * s.row_lanes;
-    const int holder = chunk_holder(s, d, i);
-    if (holder == g.me) continue;
-    uint2 v = get_packet(area(g, g.regions[g.me], c.slot, phase, holder) + i, c.flag, g, dl, op, holder);
-    if (o < out_lanes) out[o] = v;
+  for (int64_t i = grid_thread(); i < s.rc.max * s.row_lanes; i += grid_threads()) {
+    const int64_t row = i / s.row_lanes;
+    const uint4* src[kMaxRanks];
+    uint2 data[kMaxRanks];
+    uint32_t pending = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      src[r] = nullptr;
+      const int d = r / s.tp;
+      if (r < g.nranks && r != g.me && !(skip_mine && d == s.d) && row < s.rc.count[d] &&
+          r % s.tp == chunk_owner(row, s.rc.count[d], s.tp)) {
+        src[r] = area(g, g.regions[g.me], c.slot, phase, r) + i;
+        pending |= 1u << r;
+      }
+    }
+    const uint32_t received = pending;
+    get_packets(src, pending, c.flag, data, g, dl, op, 0);
+#pragma unroll
+    for (int r = 0; r < kMaxRanks; ++r) {
+      const int64_t o = s.rc.offset[r / s.tp] * s.row_lanes + i;
+      if (((received >> r) & 1u) && o < out_lanes) out[o] = data[r];
+    }
   }
 }
 
@@ -101,13 +108,34 @@ __global__ void __launch_bounds__(kThreads)
     push_lanes(g, c, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   if (partial) {
-    const int64_t total = s.rc.offset[s.dp] * row_lanes;
-    for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
-      const int d = group_of_lane(s, o);
-      const int64_t i = o - s.rc.offset[d] * row_lanes;
-      const uint2 local = d == s.d && i < in_lanes ? in[i] : make_uint2(0, 0);
-      uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
-      if (o < out_lanes) out[o] = r;
+    // Group-local lane i of every group at once: its tp sources are ranks d*tp .. d*tp+tp-1,
+    // summed in that order (a running sum restarted at each group's first rank).
+    for (int64_t i = grid_thread(); i < s.rc.max * row_lanes; i += grid_threads()) {
+      const uint4* src[kMaxRanks];
+      uint2 data[kMaxRanks];
+      uint32_t pending = 0;
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        src[r] = nullptr;
+        data[r] = i < in_lanes ? in[i] : make_uint2(0, 0);  // used for r == me only
+        if (r < g.nranks && r != g.me && i < s.rc.count[r / tp] * row_lanes) {
+          src[r] = area(g, g.regions[g.me], c.slot, 0, r) + i;
+          pending |= 1u << r;
+        }
+      }
+      get_packets(src, pending, c.flag, data, g, dl, kGatherTokens, 0);
+      float acc[4];
+#pragma unroll
+      for (int r = 0; r < kMaxRanks; ++r) {
+        if (r < g.nranks && i < s.rc.count[r / tp] * row_lanes) {
+          float f[4];
+          Lane<T>::unpack(data[r], f);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) acc[k] = r % tp == 0 ? f[k] : acc[k] + f[k];
+          const int64_t o = s.rc.offset[r / tp] * row_lanes + i;
+          if (r % tp == tp - 1 && o < out_lanes) out[o] = Lane<T>::pack(acc);
+        }
+      }
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
@@ -155,6 +183,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Sum over the block in a fixed order (butterfly in each warp, then warps in index order),
+// so every thread, and every rank holding the same row, gets the same bits.
+__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_sums[w];
+  __syncthreads();  // warp_sums is reused by the next row
+  return total;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     gather_tokens_fused(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
@@ -178,15 +218,15 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  // One warp per row: sum, add residual, normalise; push my chunk's rows to other groups.
-  const int lane = threadIdx.x & 31;
-  const int64_t warp = grid_thread() >> 5, warps = grid_threads() >> 5;
+  // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
+  // residual, normalise; push the rows of my chunk to the other groups.
+  __shared__ float warp_sums[kThreads / 32];
   const float inv_hidden = 1.0f / (float)(row_lanes * Lane<T>::kN);
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
-  for (int64_t r = warp; r < rows; r += warps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const bool in_bounds = r < in_rows;
     float sumsq = 0.f;
-    for (int64_t l = lane; l < row_lanes; l += 32) {
+    for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;
       const uint2 local = in_bounds ? in[i] : make_uint2(0, 0);
       // fp32 sum in tp order; the residual is added before the single rounding (norm.py).
@@ -197,16 +237,16 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < Lane<T>::kN; ++k) acc[k] += res[k];
       const uint2 packed = Lane<T>::pack(acc);
       if (in_bounds) residual_out[i] = packed;
-      Lane<T>::unpack(packed, acc);
+      Lane<T>::unpack(packed, acc);  // the norm sees the rounded residual
 #pragma unroll
       for (int k = 0; k < Lane<T>::kN; ++k) sumsq += acc[k] * acc[k];
     }
-    const float scale = 1.0f / sqrtf(warp_sum(sumsq) * inv_hidden + eps);
+    const float scale = 1.0f / sqrtf(block_sum(sumsq, warp_sums) * inv_hidden + eps);
     const bool my_chunk = chunk_owner(r, rows, tp) == s.t;
-    for (int64_t l = lane; l < row_lanes; l += 32) {
+    for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;
       float v[4], w[4];
-      Lane<T>::unpack(in_bounds ? residual_out[i] : make_uint2(0, 0), v);
+      Lane<T>::unpack(in_bounds ? residual_out[i] : make_uint2(0, 0), v);  // this thread's own store
       Lane<T>::unpack(weight[l], w);
 #pragma unroll
       for (int k = 0; k < Lane<T>::kN; ++k) v[k] = v[k] * scale * w[k];

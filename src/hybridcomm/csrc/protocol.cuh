@@ -25,7 +25,11 @@ namespace hc {
 
 constexpr int kMaxRanks = 8;
 constexpr int kThreads = 512;
-constexpr int kFlagBytes = 256;  // arrival flags at the start of a group's region
+constexpr int kMaxBlocks = 256;
+constexpr int kArrivalBytes = 256;
+// Flags at the start of a group's region: arrival flags, then one flag per (phase, source,
+// block) for the bulk protocol.
+constexpr int kFlagBytes = kArrivalBytes + 2 * kMaxRanks * kMaxBlocks * 4;
 
 enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kCapacity = 2 };
 enum Op : int { kAllReduce = 1, kAllGatherV = 2, kReduceScatterV = 3, kGatherTokens = 4, kScatterTokens = 5 };
@@ -104,7 +108,7 @@ __device__ __forceinline__ Call begin_call(const GroupArgs& g) {
   return Call{done + 1, (int)((done + 1) & 1)};
 }
 
-// Region layout: [arrival flags][slot 0: area A x n, area B x n][slot 1: same].
+// Region layout: [flags][slot 0: area A x n, area B x n][slot 1: same].
 __device__ __forceinline__ uint32_t* arrival_flags(char* region) { return (uint32_t*)region; }
 
 // The area where `src` puts its packets for the owner of `region` (A: phase 1, B: phase 2).
@@ -144,6 +148,51 @@ __device__ __forceinline__ void end_call(const GroupArgs& g, const Call& c, cons
       *(volatile uint32_t*)&g.state[kCalls] = c.flag;
     }
   }
+}
+
+// -- bulk protocol: plain stores, then one release flag per block ------------------------------
+//
+// For large messages, where LL's 2x bytes cost more than a flag round trip. A block writes
+// its share to a peer with ordinary 16-byte stores, then (after a barrier) one thread per
+// peer fences and stores the call's flag into that peer's flag for (phase, me, block). The
+// peer's block waits for the flags of all sources, then reads with L1 bypassed. Flags only
+// grow, so waiting is "flag >= this call's flag".
+//
+// A receiver zeroes the bulk data it consumed: LL packets of a later call land in the same
+// areas, and stale plain data must never look like a packet carrying that call's flag.
+
+__device__ __forceinline__ uint32_t* block_flag(char* region, int phase, int src, int block) {
+  return (uint32_t*)(region + kArrivalBytes) + ((size_t)phase * kMaxRanks + src) * kMaxBlocks + block;
+}
+
+__device__ __forceinline__ void signal_block(const GroupArgs& g, const Call& c, int phase) {
+  __syncthreads();  // the block's stores happen before the fence below
+  if (threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    __threadfence_system();
+    uint32_t* f = block_flag(g.regions[threadIdx.x], phase, g.me, blockIdx.x);
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(f), "r"(c.flag) : "memory");
+  }
+}
+
+__device__ __forceinline__ void wait_block(const GroupArgs& g, const Call& c, const Deadline& dl, int phase, int op) {
+  if (threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    const uint32_t* f = block_flag(g.regions[g.me], phase, threadIdx.x, blockIdx.x);
+    int spins = 0;
+    while (true) {
+      uint32_t v;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+      if ((int32_t)(v - c.flag) >= 0) break;
+      if ((++spins & 63) == 0 && dl.give_up(g, op, threadIdx.x)) break;
+    }
+  }
+  __syncthreads();
+}
+
+// Read a unit a peer wrote (L2, not a possibly stale L1 line), then zero it (see above).
+__device__ __forceinline__ uint4 take_unit(uint4* p) {
+  uint4 v = __ldcg(p);
+  __stcg(p, make_uint4(0, 0, 0, 0));
+  return v;
 }
 
 // -- LL packets -------------------------------------------------------------------------------
@@ -314,11 +363,10 @@ __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
 __device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return rows * p / parts; }
 
-// Which part owns row r of `rows` cut into `parts`.
+// Which part owns row r (< rows) of `rows` cut into `parts`: the largest p with
+// chunk_begin(rows, p, parts) <= r, i.e. p * rows < (r + 1) * parts.
 __device__ __forceinline__ int chunk_owner(int64_t r, int64_t rows, int parts) {
-  int p = 0;
-  while (p + 1 < parts && chunk_begin(rows, p + 1, parts) <= r) ++p;
-  return p;
+  return (int)(((r + 1) * parts - 1) / rows);
 }
 
 __device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
