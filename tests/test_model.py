@@ -182,3 +182,79 @@ def test_bench_layer_cpu(pool):
     assert {"date", "torch", "device"} <= set(result)
     table = format_layer_table(result)
     assert "reference" in table and "dp2xtp2" in table and "max rel err" in table
+
+
+def count_step_ops(cfg: ModelConfig) -> int:
+    """Device (non-view) aten ops of one reference decode step of `cfg` on the CPU, not
+    counting the post-attention residual add + norm (the transitions' gather: on the
+    ranks that is the Communicator's, not the model's). Sizes do not change the count."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hybridcomm.model import ModelWeights, decode_step, make_batch, route_offsets
+    from hybridcomm.model.reference import LocalTransitions, merge_groups
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.paused = Counter(), False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not self.paused and not func.is_view:
+                self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    class UncountedGather(LocalTransitions):
+        def gather(self, *args):
+            counter.paused = True
+            try:
+                return super().gather(*args)
+            finally:
+                counter.paused = False
+
+    weights = ModelWeights.generate(cfg)
+    batch = make_batch(cfg, [3, 2])
+    part, offsets = merge_groups(batch), route_offsets(cfg, batch.dp_sizes)
+    with CountOps() as counter:
+        decode_step(weights, part, UncountedGather(), offsets)
+    return sum(counter.ops.values())
+
+
+# Measured (torch 2.13, CPU): per layer 26 (bf16) / 22 (fp32) device ops, plus 6 per
+# step (attention bias, KV-write rows, router gate buffer). Before batching the experts,
+# fusing router + gate/up into one matmul and building the masks once per step: 40 / 34
+# per layer. On CUDA F.rms_norm is one kernel (here 6 ops), so a layer is ~21 kernels.
+@pytest.mark.parametrize("dtype, per_layer_bound", [(torch.float32, 23), (torch.bfloat16, 27)])
+def test_decode_step_op_count(dtype, per_layer_bound):
+    """The step is launch-bound on GPU (CUDA-graph replay at a few tokens per rank): a
+    change that adds device ops per layer (a Python loop over experts, per-layer masks,
+    dtype round trips) must show up here. Counted on 1 and 3 layers, so per layer and
+    per step apart; the count does not depend on timing or sizes."""
+    cfg = replace(ModelConfig.tiny(dtype), layers=1)
+    one, three = count_step_ops(cfg), count_step_ops(replace(cfg, layers=3))
+    per_layer, per_step = (three - one) / 2, one - (three - one) / 2
+    print(f"{dtype}: {per_layer} device ops per layer + {per_step} per step")
+    assert per_layer <= per_layer_bound, f"{per_layer} device ops per layer (bound {per_layer_bound})"
+    assert per_step <= 8, f"{per_step} device ops per step outside the layers (bound 8)"
+
+
+def test_fused_moe_matches_plain_experts():
+    """One matmul for router + every expert's gate/up, one for every down projection and
+    the sum over experts: the same as routing, then each expert on its own (fp32), also
+    for a shard (some experts, an intermediate slice)."""
+    from hybridcomm.model import ModelWeights, expert_mlp, moe, moe_block, route, route_offsets
+
+    cfg = ModelConfig.tiny()
+    full = ModelWeights.generate(cfg).layers[0]
+    x = torch.randn(7, cfg.hidden, generator=torch.Generator().manual_seed(1))
+    offsets = route_offsets(cfg, [4, 3])
+    gates = route(x, full.router, cfg.top_k, offsets)
+    for s in (Shard.full(cfg), Shard(0, 4, 2, 6, 8, 24)):
+        w = full.shard(s, cfg.head_dim)
+        assert torch.equal(w.router, full.router) and w.first_expert == s.expert0
+        torch.testing.assert_close(w.gate, full.gate[s.expert0:s.expert1, :, s.inter0:s.inter1], rtol=0, atol=0)
+        plain = expert_mlp(x, w.gate, w.up, w.down)  # (experts, tokens, hidden)
+        expected = sum(gates[:, s.expert0 + e, None] * plain[e] for e in range(plain.shape[0]))
+        torch.testing.assert_close(moe_block(x, w, cfg.top_k, offsets), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(moe(x, gates, w), expected, rtol=1e-5, atol=1e-5)

@@ -33,9 +33,11 @@ class Rule:
 
 
 TABLE: dict[str, tuple[Rule, ...]] = {
+    # one-shot wins to 512 KB; LL two-shot ties the bulk one at 1 MB; NCCL from 8 MB.
     "all_reduce": (
-        Rule(256 * KiB, "nvlink", "one_shot"),
-        Rule(16 * MiB, "nvlink", "two_shot_bulk"),
+        Rule(512 * KiB, "nvlink", "one_shot"),
+        Rule(1 * MiB, "nvlink", "two_shot"),
+        Rule(4 * MiB, "nvlink", "two_shot_bulk"),
         Rule(None, "nccl", "nccl"),
     ),
     "all_gather_v": (
@@ -43,21 +45,23 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
     "reduce_scatter_v": (
-        Rule(8 * MiB, "nvlink", "one_shot"),
+        Rule(4 * MiB, "nvlink", "one_shot"),
         Rule(None, "nccl", "nccl"),
     ),
+    # Message = the gathered output; one-shot to 16 tokens per rank (DP2xTP2, hidden 4096).
     "gather_tokens": (
-        Rule(1 * MiB, "nvlink", "one_shot"),
-        Rule(16 * MiB, "nvlink", "two_shot"),
+        Rule(256 * KiB, "nvlink", "one_shot"),
+        Rule(8 * MiB, "nvlink", "two_shot"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
         Rule(16 * MiB, "nvlink", "fused"),
         Rule(None, "nccl", "nccl"),
     ),
+    # Message = the world-partial input (all tokens).
     "scatter_tokens": (
-        Rule(1 * MiB, "nvlink", "one_shot"),
-        Rule(16 * MiB, "nvlink", "two_shot"),
+        Rule(512 * KiB, "nvlink", "one_shot"),
+        Rule(4 * MiB, "nvlink", "two_shot"),
         Rule(None, "nccl", "nccl"),
     ),
 }

@@ -39,6 +39,13 @@ __device__ __forceinline__ TokenShape token_shape(const GroupArgs& g, int tp, co
   return s;
 }
 
+// DP group of output lane o (lanes of all groups back to back).
+__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) {
+  int d = 0;
+  while (d + 1 < s.dp && s.rc.offset[d + 1] * s.row_lanes <= o) ++d;
+  return d;
+}
+
 // Rank holding chunk lane i of group d after a chunked phase.
 __device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
   return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count[d], s.tp);
@@ -60,33 +67,21 @@ __device__ __forceinline__ void push_lanes(const GroupArgs& g, const Call& c, co
   }
 }
 
-// Group-local lane i of every group that arrives chunked (one holder per row) in area
-// `phase`, polling all groups' holders at once.
+// Every lane of other groups that arrives chunked (one holder per row) in area `phase`.
+// One output lane per thread: measured faster than polling every group's holder at once
+// (more threads in flight beat more loads per thread at decode sizes).
 __device__ __forceinline__ void receive_chunked(const GroupArgs& g, const Call& c, const Deadline& dl,
                                                 const TokenShape& s, int phase, bool skip_mine,
                                                 uint2* __restrict__ out, int64_t out_lanes, int op) {
-  for (int64_t i = grid_thread(); i < s.rc.max * s.row_lanes; i += grid_threads()) {
-    const int64_t row = i / s.row_lanes;
-    const uint4* src[kMaxRanks];
-    uint2 data[kMaxRanks];
-    uint32_t pending = 0;
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      src[r] = nullptr;
-      const int d = r / s.tp;
-      if (r < g.nranks && r != g.me && !(skip_mine && d == s.d) && row < s.rc.count[d] &&
-          r % s.tp == chunk_owner(row, s.rc.count[d], s.tp)) {
-        src[r] = area(g, g.regions[g.me], c.slot, phase, r) + i;
-        pending |= 1u << r;
-      }
-    }
-    const uint32_t received = pending;
-    get_packets(src, pending, c.flag, data, g, dl, op, 0);
-#pragma unroll
-    for (int r = 0; r < kMaxRanks; ++r) {
-      const int64_t o = s.rc.offset[r / s.tp] * s.row_lanes + i;
-      if (((received >> r) & 1u) && o < out_lanes) out[o] = data[r];
-    }
+  const int64_t total = s.rc.offset[s.dp] * s.row_lanes;
+  for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
+    const int d = group_of_lane(s, o);
+    if (skip_mine && d == s.d) continue;
+    const int64_t i = o - s.rc.offset[d] * s.row_lanes;
+    const int holder = chunk_holder(s, d, i);
+    if (holder == g.me) continue;
+    uint2 v = get_packet(area(g, g.regions[g.me], c.slot, phase, holder) + i, c.flag, g, dl, op, holder);
+    if (o < out_lanes) out[o] = v;
   }
 }
 
@@ -108,34 +103,13 @@ __global__ void __launch_bounds__(kThreads)
     push_lanes(g, c, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   if (partial) {
-    // Group-local lane i of every group at once: its tp sources are ranks d*tp .. d*tp+tp-1,
-    // summed in that order (a running sum restarted at each group's first rank).
-    for (int64_t i = grid_thread(); i < s.rc.max * row_lanes; i += grid_threads()) {
-      const uint4* src[kMaxRanks];
-      uint2 data[kMaxRanks];
-      uint32_t pending = 0;
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        src[r] = nullptr;
-        data[r] = i < in_lanes ? in[i] : make_uint2(0, 0);  // used for r == me only
-        if (r < g.nranks && r != g.me && i < s.rc.count[r / tp] * row_lanes) {
-          src[r] = area(g, g.regions[g.me], c.slot, 0, r) + i;
-          pending |= 1u << r;
-        }
-      }
-      get_packets(src, pending, c.flag, data, g, dl, kGatherTokens, 0);
-      float acc[4];
-#pragma unroll
-      for (int r = 0; r < kMaxRanks; ++r) {
-        if (r < g.nranks && i < s.rc.count[r / tp] * row_lanes) {
-          float f[4];
-          Lane<T>::unpack(data[r], f);
-#pragma unroll
-          for (int k = 0; k < 4; ++k) acc[k] = r % tp == 0 ? f[k] : acc[k] + f[k];
-          const int64_t o = s.rc.offset[r / tp] * row_lanes + i;
-          if (r % tp == tp - 1 && o < out_lanes) out[o] = Lane<T>::pack(acc);
-        }
-      }
+    const int64_t total = s.rc.offset[s.dp] * row_lanes;
+    for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
+      const int d = group_of_lane(s, o);
+      const int64_t i = o - s.rc.offset[d] * row_lanes;
+      const uint2 local = d == s.d && i < in_lanes ? in[i] : make_uint2(0, 0);
+      uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
+      if (o < out_lanes) out[o] = r;
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;

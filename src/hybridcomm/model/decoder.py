@@ -15,48 +15,100 @@ import torch
 import torch.nn.functional as F
 
 from ..communicator import Communicator
-from ..norm import rms_norm
 from .config import ModelConfig, Shard
 from .weights import DpBatch, LayerWeights, ModelWeights, route_offsets
 
 
+def attention_bias(lengths: torch.Tensor, positions: int, dtype: torch.dtype) -> torch.Tensor:
+    """(n, 1, 1, positions) in `dtype`: 0 on positions 0..lengths, -inf after."""
+    hidden = torch.arange(positions, device=lengths.device)[None, :] > lengths[:, None]
+    bias = torch.zeros(hidden.shape, dtype=dtype, device=lengths.device).masked_fill_(hidden, float("-inf"))
+    return bias[:, None, None, :]
+
+
+# -- once per step ------------------------------------------------------------------------
+class StepState:
+    """What every layer of a step shares, built once per step (on the device, so it is
+    part of a captured graph): the (row, position) index of the step's KV write, the
+    attention bias, and one zeroed fp32 buffer holding every layer's dense router gates.
+
+    rows, lengths: (n,) index tensors of `write_kv`; bias: (n, 1, 1, positions) in the
+    query dtype, 0 on the visible positions 0..lengths and -inf after (what
+    scaled_dot_product_attention makes of a boolean mask, made once instead of per
+    layer); gates: (layers, tokens, experts) fp32 zeros, layer l's router scatters into
+    gates[l]."""
+
+    def __init__(self, lengths: torch.Tensor, positions: int, dtype: torch.dtype, layers: int,
+                 tokens: int, experts: int):
+        device = lengths.device
+        self.rows, self.lengths = torch.arange(lengths.shape[0], device=device), lengths
+        self.bias = attention_bias(lengths, positions, dtype)
+        self.gates = torch.zeros((layers, tokens, experts), device=device)
+
+    @classmethod
+    def for_step(cls, cfg: ModelConfig, k_cache: torch.Tensor, lengths: torch.Tensor,
+                 tokens: int) -> "StepState":
+        """k_cache: one layer's (n, positions, heads, head_dim); tokens: the MoE's rows."""
+        return cls(lengths, k_cache.shape[1], k_cache.dtype, cfg.layers, tokens, cfg.experts)
+
+
 # -- attention ----------------------------------------------------------------------------
+def input_norm(x: torch.Tensor, weight_f32: torch.Tensor, eps: float) -> torch.Tensor:
+    """`hybridcomm.norm.rms_norm` (fp32 math, one rounding) with the weight already in fp32;
+    F.rms_norm is one fused kernel on CUDA (aten._fused_rms_norm) where its parts are 6."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight_f32, eps).to(x.dtype)
+
+
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
-             k: torch.Tensor, v: torch.Tensor) -> None:
-    """Store the step's k, v (n, heads, head_dim) at position lengths of each request.
-    Repeating a step rewrites the same slot, so graph replays stay valid."""
-    rows = torch.arange(k.shape[0], device=k.device)
-    k_cache[rows, lengths] = k
-    v_cache[rows, lengths] = v
+             k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Store the step's k, v (n, heads, head_dim) at position lengths of each request: one
+    index_put_ per cache (rows: arange(n), made once per step by StepState). Repeating a
+    step rewrites the same slot, so graph replays stay valid."""
+    if rows is None:
+        rows = torch.arange(k.shape[0], device=k.device)
+    k_cache.index_put_((rows, lengths), k)
+    v_cache.index_put_((rows, lengths), v)
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     lengths: torch.Tensor) -> torch.Tensor:
+                     lengths: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Single-query attention: q (n, heads, d) over cache positions 0..lengths inclusive.
-    The mask replaces variable lengths, so shapes never depend on the data. The caches
-    (n, positions, heads, d) enter as transposed views: copying them would cost more than
-    the attention itself."""
+    The mask (bias: `StepState.bias`, built here when not given) replaces variable
+    lengths, so shapes never depend on the data. The caches (n, positions, heads, d)
+    enter as transposed views: copying them would cost more than the attention itself."""
     if q.shape[0] == 0:  # an empty DP group: nothing to attend; keeps fused kernels off 0-size batches
         return q.clone()
-    positions = torch.arange(k_cache.shape[1], device=q.device)
-    visible = positions[None, :] <= lengths[:, None]  # (n, positions)
+    if bias is None:
+        bias = attention_bias(lengths, k_cache.shape[1], q.dtype)
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2),
-                                         v_cache.transpose(1, 2), attn_mask=visible[:, None, None, :])
+                                         v_cache.transpose(1, 2), attn_mask=bias)
     return out.squeeze(2)
 
 
 def attention(x: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              lengths: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """This share's heads: QKV projection, attention, and their rows of o_proj.
-    Row-parallel o_proj makes the result partial over the shares of the heads."""
+              lengths: torch.Tensor, head_dim: int, step: StepState | None = None) -> torch.Tensor:
+    """This share's heads: QKV projection (one matmul), KV write, attention, and their
+    rows of o_proj. Row-parallel o_proj makes the result partial over the shares of the heads."""
     n, heads = x.shape[0], w.o.shape[0] // head_dim
     q, k, v = (x @ w.qkv).view(n, 3, heads, head_dim).unbind(1)
-    write_kv(k_cache, v_cache, lengths, k, v)
-    out = cached_attention(q, k_cache, v_cache, lengths)
+    write_kv(k_cache, v_cache, lengths, k, v, None if step is None else step.rows)
+    out = cached_attention(q, k_cache, v_cache, lengths, None if step is None else step.bias)
     return out.reshape(n, heads * head_dim) @ w.o
 
 
 # -- MoE ----------------------------------------------------------------------------------
+def route_logits(logits: torch.Tensor, top_k: int, offsets: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """`route` from the router logits (tokens, experts), in the model dtype. out: a zeroed
+    fp32 (tokens, experts) buffer to scatter the gates into (default: a new one)."""
+    # logits + fp32 offsets computes in fp32: exactly logits.float() + offsets.
+    scores = logits.float() if offsets is None else logits + offsets
+    chosen = scores.topk(top_k, dim=-1).indices
+    if out is None:
+        out = torch.zeros(logits.shape, dtype=torch.float32, device=logits.device)
+    return out.scatter_(1, chosen, torch.softmax(logits.gather(1, chosen), dim=-1, dtype=torch.float32))
+
+
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int,
           offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Dense fp32 gates (tokens, experts). The chosen experts are the top_k of the router
@@ -64,26 +116,47 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int,
     ModelConfig.route_margin and `route_offsets`); their gates are the softmax over
     their raw logits, without the offsets, and 0 elsewhere. Without offsets (or all-zero
     ones) this is the plain top-k router: the renormalised top-k softmax."""
-    logits = (x @ router).float()
-    scores = logits if offsets is None else logits + offsets
-    chosen = scores.topk(top_k, dim=-1).indices
-    return torch.zeros_like(logits).scatter_(1, chosen, torch.softmax(logits.gather(1, chosen), dim=-1))
+    return route_logits(x @ router, top_k, offsets)
 
 
 def expert_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """SwiGLU of a stack of experts (or intermediate slices of them) on every token:
-    x (tokens, hidden) -> (experts, tokens, hidden). A slice of the intermediate dim
-    gives that slice's partial sum, because the down projection sums over it."""
+    x (tokens, hidden) -> (experts, tokens, hidden), each expert's output on its own. The
+    decoder does not use it (see `combine_experts`); it is the plain form, for tests."""
     return (F.silu(x @ gate) * (x @ up)) @ down
+
+
+def combine_experts(gate_up: torch.Tensor, gates: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """gate_up: (tokens, E, 2, I) gate and up projections of this share's experts on
+    every token; gates: dense fp32 (tokens, experts) of every expert. Returns
+    sum_e gates[:, e] * (silu(gate_e) * up_e) @ down_e: the gate scales each expert's
+    activation (in fp32, rounded once to the model dtype), and one matmul over the
+    (expert, intermediate) pairs does every down projection and the sum over experts
+    (fp32 accumulation). Partial over the shares of experts and intermediate slices."""
+    t, e, _, i = gate_up.shape
+    act = F.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]  # (tokens, E, I)
+    local = gates[:, w.first_expert : w.first_expert + e, None]
+    act = (act * local).to(gate_up.dtype)
+    return act.view(t, e * i) @ w.down.view(e * i, -1)
 
 
 def moe(x: torch.Tensor, gates: torch.Tensor, w: LayerWeights) -> torch.Tensor:
     """This share's experts, densely over all tokens (a token not routed to an expert has
-    gate 0 there), weighted and summed in fp32. Partial over the shares of experts and
-    intermediate slices."""
-    local = gates[:, w.first_expert : w.first_expert + w.gate.shape[0]]
-    y = expert_mlp(x, w.gate, w.up, w.down).float()
-    return torch.einsum("te,eth->th", local, y).to(x.dtype)
+    gate 0 there). Partial over the shares of experts and intermediate slices."""
+    t, e, i = x.shape[0], w.down.shape[0], w.down.shape[1]
+    return combine_experts((x @ w.gate_up.reshape(x.shape[1], -1)).view(t, e, 2, i), gates, w)
+
+
+def moe_block(x: torch.Tensor, w: LayerWeights, top_k: int, offsets: torch.Tensor | None,
+              gates_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Router and this share's experts on x (every token): one matmul for the router's
+    and the experts' gate / up columns (`LayerWeights.router_experts`), then `route_logits`
+    and `combine_experts`. Equals moe(x, route(x, w.router, top_k, offsets), w)."""
+    t, e, i = x.shape[0], w.down.shape[0], w.down.shape[1]
+    projected = x @ w.router_experts
+    gate_up = projected[:, :w.expert_columns].view(t, e, 2, i)
+    gates = route_logits(projected[:, w.expert_columns:], top_k, offsets, gates_out)
+    return combine_experts(gate_up, gates, w)
 
 
 # -- the layer ----------------------------------------------------------------------------
@@ -106,17 +179,23 @@ class CommTransitions:
 
 def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   lengths: torch.Tensor, cfg: ModelConfig, transitions,
-                  offsets: torch.Tensor) -> torch.Tensor:
+                  offsets: torch.Tensor, step: StepState | None = None,
+                  layer: int = 0) -> torch.Tensor:
     """h: this DP group's rows -> the same rows after one layer.
 
     transitions.gather(o_partial, residual, norm_weight, eps) -> (normed rows of every DP
     group, residual rows of this group): the only place the post-attention residual add
     and norm happen. transitions.scatter(y_partial) -> this group's reduced rows.
     offsets: the routing offsets of every gathered row (`route_offsets`).
+    step: what the step's layers share (`StepState`; built here when not given), and
+    `layer` this layer's index into it.
     """
-    o_partial = attention(rms_norm(h, w.input_norm, cfg.eps), w, k_cache, v_cache, lengths, cfg.head_dim)
+    if step is None:
+        step, layer = StepState(lengths, k_cache.shape[1], k_cache.dtype, 1, offsets.shape[0], cfg.experts), 0
+    o_partial = attention(input_norm(h, w.input_norm_f32, cfg.eps), w, k_cache, v_cache, lengths,
+                          cfg.head_dim, step)
     normed_all, residual = transitions.gather(o_partial, h, w.post_attn_norm, cfg.eps)
-    y_partial = moe(normed_all, route(normed_all, w.router, cfg.top_k, offsets), w)
+    y_partial = moe_block(normed_all, w, cfg.top_k, offsets, step.gates[layer])
     return residual + transitions.scatter(y_partial)
 
 
@@ -125,9 +204,10 @@ def decode_step(weights: ModelWeights, part: DpBatch, transitions, offsets: torc
     offsets: routing offsets of all the MoE's rows (every DP group's), the same in
     every layer."""
     h = part.hidden
+    step = StepState.for_step(weights.cfg, part.k_cache[0], part.lengths, offsets.shape[0])
     for layer, w in enumerate(weights.layers):
         h = decoder_layer(h, w, part.k_cache[layer], part.v_cache[layer], part.lengths,
-                          weights.cfg, transitions, offsets)
+                          weights.cfg, transitions, offsets, step, layer)
     return h
 
 

@@ -12,7 +12,7 @@ get the same ones whatever the device.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -34,31 +34,77 @@ class LayerWeights:
 
     qkv columns are laid out [q | k | v] x heads x head_dim, so a head range is a
     column range of each of the three blocks; o rows are heads x head_dim.
-    gate / up / down are stacked over experts: (E, hidden, I), (E, hidden, I), (E, I, hidden).
-    first_expert: the global index of gate[0] (to pick the right router gates).
+    router_experts: (hidden, E * 2 * I + experts), the columns of every matmul that reads
+    the MoE input, so one matmul gives them all: this share's E experts' gate and up
+    projections, laid out E x [gate | up] x I (`gate_up`), then the router's columns of
+    *every* expert (`router`). down: (E, I, hidden), stacked over this share's experts.
+    `gate` / `up` are (E, hidden, I) views of gate_up. Build from separate tensors with
+    `LayerWeights.build`.
+    first_expert: the global index of this share's first expert (to pick its router gates).
     """
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
     o: torch.Tensor
     post_attn_norm: torch.Tensor
-    router: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
+    router_experts: torch.Tensor
     down: torch.Tensor
     first_expert: int = 0
+    # input_norm in fp32, made once (not in every step): the norm's math is fp32.
+    input_norm_f32: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.input_norm_f32 = self.input_norm.float()
+        e, i, hidden = self.down.shape
+        if self.router_experts.dim() != 2 or self.router_experts.shape[0] != hidden or \
+                self.router_experts.shape[1] <= 2 * e * i:
+            raise ValueError(f"LayerWeights: router_experts {tuple(self.router_experts.shape)} does not "
+                             f"fit down {tuple(self.down.shape)}")
+
+    @classmethod
+    def build(cls, input_norm, qkv, o, post_attn_norm, router, gate, up, down,
+              first_expert: int = 0) -> "LayerWeights":
+        """From router (hidden, experts) and gate / up (E, hidden, I), down (E, I, hidden)."""
+        gate_up = torch.stack([gate.permute(1, 0, 2), up.permute(1, 0, 2)], dim=2)  # (hidden, E, 2, I)
+        router_experts = torch.cat([gate_up.reshape(gate_up.shape[0], -1), router], dim=1)
+        return cls(input_norm, qkv, o, post_attn_norm, router_experts, down.contiguous(), first_expert)
+
+    @property
+    def expert_columns(self) -> int:
+        """How many of router_experts' columns are the experts' (E * 2 * I)."""
+        e, i, _ = self.down.shape
+        return 2 * e * i
+
+    @property
+    def gate_up(self) -> torch.Tensor:
+        """(hidden, E, 2, I) view: [:, e, 0] is expert e's gate projection, [:, e, 1] its up."""
+        e, i, hidden = self.down.shape
+        return self.router_experts[:, :self.expert_columns].view(hidden, e, 2, i)
+
+    @property
+    def router(self) -> torch.Tensor:
+        """(hidden, experts) view: the router of every expert, not only this share's."""
+        return self.router_experts[:, self.expert_columns:]
+
+    @property
+    def gate(self) -> torch.Tensor:
+        return self.gate_up[:, :, 0].permute(1, 0, 2)
+
+    @property
+    def up(self) -> torch.Tensor:
+        return self.gate_up[:, :, 1].permute(1, 0, 2)
 
     def shard(self, s: Shard, head_dim: int) -> "LayerWeights":
         hidden = self.qkv.shape[0]
         heads = self.qkv.view(hidden, 3, -1, head_dim)[:, :, s.head0:s.head1]
         o = self.o.view(-1, head_dim, hidden)[s.head0:s.head1]
         experts, inter = slice(s.expert0, s.expert1), slice(s.inter0, s.inter1)
+        gate_up = self.gate_up[:, experts, :, inter]
         return replace(
             self,
             qkv=heads.reshape(hidden, -1).contiguous(),
             o=o.reshape(-1, hidden).contiguous(),
-            gate=self.gate[experts, :, inter].contiguous(),
-            up=self.up[experts, :, inter].contiguous(),
+            router_experts=torch.cat([gate_up.reshape(hidden, -1), self.router], dim=1),
             down=self.down[experts, inter].contiguous(),
             first_expert=self.first_expert + s.expert0,
         )
@@ -73,7 +119,7 @@ def generate_layer(cfg: ModelConfig, layer: int, device) -> LayerWeights:
         t = _normal(shape, std, cfg.seed, f"layer{layer}/{name}") + mean
         return t.to(device=device, dtype=cfg.dtype)
 
-    return LayerWeights(
+    return LayerWeights.build(
         input_norm=make("input_norm", (h,), 0.1, mean=1.0),
         qkv=make("qkv", (h, 3 * q), h ** -0.5),
         o=make("o", (q, h), q ** -0.5),
