@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test suite: CPU tests with gloo processes, CUDA sources compiled when nvcc is present,
+# GPU tests when 4 GPUs are present (skipped otherwise). Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+if need pytest || need pytest_timeout; then "$PY" -m pip install -q pytest pytest-timeout; fi
+cd "$(dirname "$0")/.."
+exec "$PY" -m pytest -q -p no:cacheprovider tests "$@"

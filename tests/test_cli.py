@@ -1,0 +1,38 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hybridcomm.cli import main
+
+
+def test_info_prints_the_rank_table_and_workspace(capsys):
+    assert main(["info", "--layout", "dp2xtp2"]) == 0
+    out = capsys.readouterr().out
+    assert "layout dp2xtp2" in out and "nvlink workspace" in out
+
+
+@pytest.mark.timeout(300)
+def test_check_passes_for_world_2_in_its_own_processes():
+    run = subprocess.run([sys.executable, "-m", "hybridcomm", "check", "--world", "2", "--quick", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASS" in run.stdout and "dp2" in run.stdout and "tp2" in run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_ops_on_cpu_writes_json_and_markdown(tmp_path):
+    out = tmp_path / "ops.json"
+    run = subprocess.run([sys.executable, "-m", "hybridcomm", "bench", "ops", "--world", "2", "--device", "cpu",
+                          "--sizes", "2048,8192", "--out", str(out)], capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = json.loads(out.read_text())["records"]
+    assert {(r["op"], r["bytes"]) for r in records} == {(op, b) for op in ("all_reduce", "all_gather_v",
+                                                                          "reduce_scatter_v") for b in (2048, 8192)}
+    assert out.with_suffix(".md").exists() and "reference" in run.stdout
+
+
+def test_unknown_subcommand_is_rejected():
+    with pytest.raises(SystemExit):
+        main(["frobnicate"])
