@@ -185,8 +185,8 @@ class Outcome:
 def digest(t) -> str:
     parts = t if isinstance(t, tuple) else (t,)
     h = hashlib.sha1()
-    for p in parts:
-        h.update(p.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    for p in parts:  # a fresh contiguous copy: its storage holds exactly the tensor's bytes
+        h.update(bytes(p.detach().cpu().contiguous().clone().untyped_storage()))
     return h.hexdigest()[:16]
 
 
