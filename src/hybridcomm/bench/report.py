@@ -76,66 +76,47 @@ def transitions_markdown(results: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def ops_plot(results: dict, path: Path) -> str | None:
+def _log_plot(panels: dict[str, dict[str, list[tuple[float, float]]]], xlabel: str, env: dict,
+              path: Path) -> str | None:
+    """panels: title -> implementation -> (x, µs) points; log-log, hybridcomm drawn bold."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed: no plot"
-    ops = list(dict.fromkeys(r["op"] for r in results["records"]))
-    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
-    for ax, op in zip(axes[0], ops):
-        series = defaultdict(list)
-        for r in results["records"]:
-            if r["op"] == op:
-                series[r["impl"]].append((r["bytes"], r["us"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels.items()):
         for impl, pts in sorted(series.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
                     linewidth=2.5 if impl == "hybridcomm" else 1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("message bytes")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("µs per call")
-        ax.set_title(f"{op}, world {results['world_size']}")
+        ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(_header(results["environment"]), fontsize=8)
+    fig.suptitle(_header(env), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return None
+
+
+def ops_plot(results: dict, path: Path) -> str | None:
+    panels: dict = defaultdict(lambda: defaultdict(list))
+    for r in results["records"]:
+        panels[f"{r['op']}, world {results['world_size']}"][r["impl"]].append((r["bytes"], r["us"]))
+    return _log_plot(panels, "message bytes", results["environment"], path)
 
 
 def transitions_plot(results: dict, path: Path) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib not installed: no plot"
-    keys = list(dict.fromkeys((r["layout"], r["op"]) for r in results["records"]))
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.5), squeeze=False)
-    for ax, (layout, op) in zip(axes[0], keys):
-        series = defaultdict(list)
-        for r in results["records"]:
-            if (r["layout"], r["op"], r["case"]) == (layout, op, "balanced"):
-                series[r["impl"]].append((r["tokens_per_dp"][0], r["us"]))
-        for impl, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl,
-                    linewidth=2.5 if impl == "hybridcomm" else 1)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens per DP rank (balanced)")
-        ax.set_ylabel("µs per call")
-        ax.set_title(f"{layout} {op}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(_header(results["environment"]), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return None
+    panels: dict = defaultdict(lambda: defaultdict(list))
+    for r in results["records"]:
+        if r["case"] == "balanced":
+            panels[f"{r['layout']} {r['op']}"][r["impl"]].append((r["tokens_per_dp"][0], r["us"]))
+    return _log_plot(panels, "tokens per DP rank (balanced)", results["environment"], path)
 
 
 def write(results: dict, out: Path, kind: str) -> list[Path]:

@@ -12,17 +12,8 @@ __global__ void __launch_bounds__(kThreads)
   const Deadline dl(g);
   arrive(g, c);
   const int n = g.nranks, me = g.me;
-  RowCounts rc = load_counts(sizes, n);
-  // Same verdict on every rank (same sizes, same area size): nobody sends, nobody waits.
-  if (rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {
-    if (grid_thread() == 0) record_error(g, kCapacity, kAllGatherV, me);
-    rc.max = 0;
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) rc.count[s] = 0;
-  }
-  // Local bounds (device sizes larger than this rank's buffers): guard, report, keep in step.
-  if (grid_thread() == 0 && (rc.count[me] > in_rows || rc.offset[n] > out_rows))
-    record_error(g, kCapacity, kAllGatherV, me);
+  const RowCounts rc = load_counts_checked(g, sizes, n, row_lanes, kAllGatherV);
+  check_buffers(g, rc.count[me] > in_rows || rc.offset[n] > out_rows, kAllGatherV);
   const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
   const int64_t my_lanes = rc.count[me] * row_lanes, my_out = rc.offset[me] * row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {

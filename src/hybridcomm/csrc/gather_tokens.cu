@@ -26,17 +26,8 @@ struct TokenShape {
 
 __device__ __forceinline__ TokenShape token_shape(const GroupArgs& g, int tp, const SizesArg& sizes,
                                                   int64_t row_lanes, int op) {
-  TokenShape s{tp, g.nranks / tp, g.me / tp, g.me % tp, load_counts(sizes, g.nranks / tp), row_lanes};
-  if (s.rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {  // same verdict on every rank
-    if (grid_thread() == 0) record_error(g, kCapacity, op, g.me);
-    s.rc.max = 0;
-#pragma unroll
-    for (int i = 0; i <= kMaxRanks; ++i) {
-      if (i < kMaxRanks) s.rc.count[i] = 0;
-      s.rc.offset[i] = 0;
-    }
-  }
-  return s;
+  return TokenShape{tp, g.nranks / tp, g.me / tp, g.me % tp,
+                    load_counts_checked(g, sizes, g.nranks / tp, row_lanes, op), row_lanes};
 }
 
 // DP group of output lane o (lanes of all groups back to back).
@@ -53,8 +44,7 @@ __device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t 
 
 __device__ __forceinline__ void check_local_bounds(const GroupArgs& g, const TokenShape& s, int64_t in_rows,
                                                    int64_t out_rows, int op) {
-  if (grid_thread() == 0 && (s.rc.count[s.d] > in_rows || s.rc.offset[s.dp] > out_rows))
-    record_error(g, kCapacity, op, g.me);
+  check_buffers(g, s.rc.count[s.d] > in_rows || s.rc.offset[s.dp] > out_rows, op);
 }
 
 // Push lanes [begin, end) of my input to every rank outside my DP group (and to my tp peers

@@ -61,6 +61,9 @@ struct SizesArg {
 // GroupState words (local device memory, zero at start).
 enum : int { kCalls = 0, kBlocksDone = 1, kAborted = 2 };
 
+__device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
+
 // -- errors and deadlines ------------------------------------------------------------------
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
@@ -360,6 +363,25 @@ __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
   return r;
 }
 
+// Row counts, checked against the area size. Every rank reaches the same verdict (same sizes,
+// same area size), so on overflow nobody sends and nobody waits: the counts become zero and
+// the error is recorded for the host (CapacityExceeded).
+__device__ __forceinline__ RowCounts load_counts_checked(const GroupArgs& g, const SizesArg& s, int n,
+                                                         int64_t row_lanes, int op) {
+  RowCounts rc = load_counts(s, n);
+  if (rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {
+    if (grid_thread() == 0) record_error(g, kCapacity, op, g.me);
+    rc = RowCounts{};
+  }
+  return rc;
+}
+
+// Counts beyond this rank's own buffers: every access is guarded, so record and carry on
+// (the peers still get their packets and nobody waits forever).
+__device__ __forceinline__ void check_buffers(const GroupArgs& g, bool overflow, int op) {
+  if (overflow && grid_thread() == 0) record_error(g, kCapacity, op, g.me);
+}
+
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
 __device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return rows * p / parts; }
 
@@ -369,7 +391,5 @@ __device__ __forceinline__ int chunk_owner(int64_t r, int64_t rows, int parts) {
   return (int)(((r + 1) * parts - 1) / rows);
 }
 
-__device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
 
 }  // namespace hc

@@ -12,15 +12,8 @@ __global__ void __launch_bounds__(kThreads)
   const Deadline dl(g);
   arrive(g, c);
   const int n = g.nranks, me = g.me;
-  RowCounts rc = load_counts(sizes, n);
-  if (rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {  // same verdict on every rank
-    if (grid_thread() == 0) record_error(g, kCapacity, kReduceScatterV, me);
-    rc.max = 0;
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) rc.count[s] = 0;
-  }
-  if (grid_thread() == 0 && (rc.offset[n] > in_rows || rc.count[me] > out_rows))
-    record_error(g, kCapacity, kReduceScatterV, me);
+  const RowCounts rc = load_counts_checked(g, sizes, n, row_lanes, kReduceScatterV);
+  check_buffers(g, rc.offset[n] > in_rows || rc.count[me] > out_rows, kReduceScatterV);
   const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
   for (int64_t i = grid_thread(); i < rc.max * row_lanes; i += grid_threads()) {
     for (int k = 1; k < n; ++k) {

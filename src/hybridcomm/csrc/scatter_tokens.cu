@@ -18,18 +18,9 @@ struct ScatterShape {
 
 __device__ __forceinline__ ScatterShape scatter_shape(const GroupArgs& g, int tp, const SizesArg& sizes,
                                                       int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  ScatterShape s{tp, g.nranks / tp, g.me / tp, g.me % tp, load_counts(sizes, g.nranks / tp)};
-  if (s.rc.max * row_lanes * 16 > (int64_t)g.area_bytes) {  // same verdict on every rank
-    if (grid_thread() == 0) record_error(g, kCapacity, kScatterTokens, g.me);
-    s.rc.max = 0;
-#pragma unroll
-    for (int i = 0; i <= kMaxRanks; ++i) {
-      if (i < kMaxRanks) s.rc.count[i] = 0;
-      s.rc.offset[i] = 0;
-    }
-  }
-  if (grid_thread() == 0 && (s.rc.offset[s.dp] > in_rows || s.rc.count[s.d] > out_rows))
-    record_error(g, kCapacity, kScatterTokens, g.me);
+  const ScatterShape s{tp, g.nranks / tp, g.me / tp, g.me % tp,
+                       load_counts_checked(g, sizes, g.nranks / tp, row_lanes, kScatterTokens)};
+  check_buffers(g, s.rc.offset[s.dp] > in_rows || s.rc.count[s.d] > out_rows, kScatterTokens);
   return s;
 }
 
