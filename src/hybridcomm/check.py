@@ -182,11 +182,19 @@ class Outcome:
     digest: str = ""  # hash of the result, to compare ranks that must hold the same bits
 
 
+def raw_bytes(t: torch.Tensor) -> bytes:
+    flat = t.detach().cpu().contiguous().view(-1).view(torch.uint8)
+    try:
+        return flat.numpy().tobytes()
+    except RuntimeError:  # torch without numpy: slower, same bytes
+        return bytes(flat.tolist())
+
+
 def digest(t) -> str:
     parts = t if isinstance(t, tuple) else (t,)
     h = hashlib.sha1()
-    for p in parts:  # a fresh contiguous copy: its storage holds exactly the tensor's bytes
-        h.update(bytes(p.detach().cpu().contiguous().clone().untyped_storage()))
+    for p in parts:
+        h.update(raw_bytes(p))
     return h.hexdigest()[:16]
 
 
