@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -28,7 +29,9 @@ def _progress(msg: str) -> None:
 def cmd_info(args) -> int:
     from .workspace import DEFAULT_AREA_BYTES, describe_plan
 
-    print(f"hybridcomm {__import__('hybridcomm').__version__}, torch {torch.__version__}")
+    from . import __version__
+
+    print(f"hybridcomm {__version__}, torch {torch.__version__}")
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
         print(f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, {n} GPU(s)")
@@ -124,7 +127,7 @@ def cmd_build(args) -> int:
 
     arch = args.arch or (build.device_arch() if torch.cuda.is_available() else "90a")
     if args.objects:
-        objs = build.compile_objects(arch, __import__("pathlib").Path(args.objects), verbose=True)
+        objs = build.compile_objects(arch, Path(args.objects), verbose=True)
         print(f"compiled {len(objs)} object(s) for sm_{arch} into {args.objects}")
     else:
         print(build.build(arch, verbose=True))
@@ -187,8 +190,6 @@ def cmd_bench_layer(args) -> int:
                           dtype=dtype, config=config)
     print(format_layer_table(results))
     if args.out:
-        from pathlib import Path
-
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
         Path(args.out).with_suffix(".md").write_text("```\n" + format_layer_table(results) + "\n```\n")

@@ -9,6 +9,7 @@ so it runs eagerly, inside CUDA graph capture, and as one opaque node under torc
 from __future__ import annotations
 
 import ctypes
+import math
 
 import torch
 
@@ -51,14 +52,7 @@ def _sizes(sizes: torch.Tensor | None, host: list[int]):
 
 
 def _row_bytes(x: torch.Tensor) -> int:
-    return (x.numel() // x.shape[0] if x.shape[0] else _numel(x.shape[1:])) * x.element_size()
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    return math.prod(x.shape[1:]) * x.element_size()
 
 
 _lib = torch.library.Library("hybridcomm", "DEF")

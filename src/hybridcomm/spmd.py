@@ -12,6 +12,7 @@ rank, with torch.distributed initialised (gloo on CPU, NCCL on CUDA, one GPU per
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import socket
 import time
@@ -56,7 +57,6 @@ def _worker(rank: int, world_size: int, device: str, port: int, tasks, results) 
         except BaseException as e:  # report everything, keep serving
             tb = traceback.format_exc()
             try:
-                import pickle
                 pickle.dumps(e)
                 payload = (e, tb)
             except Exception:
