@@ -85,7 +85,7 @@ class Communicator:
     def all_reduce(self, x: torch.Tensor, group: str = "world") -> torch.Tensor:
         """Sum over `group`; returns a new tensor."""
         g = self._group(group)
-        self._check("all_reduce", g, None, lambda: check_tensor(x, "x", self.device))
+        self._check("all_reduce", g, lambda: check_tensor(x, "x", self.device))
         nbytes = x.numel() * x.element_size()
         backend, algorithm = self._select("all_reduce", g, nbytes, x)
         return backend.all_reduce(x, g, algorithm)
@@ -101,7 +101,7 @@ class Communicator:
                 check_rows(x, "x", s.host[g.index], f"sizes[{g.index}] of this rank")
             return s
 
-        s = self._check("all_gather_v", g, sizes, check)
+        s = self._check("all_gather_v", g, check)
         backend, algorithm = self._select("all_gather_v", g, self._gathered_bytes(x, s, g.index), x, s)
         return backend.all_gather_v(x, s, g, algorithm)
 
@@ -116,7 +116,7 @@ class Communicator:
                 check_rows(x, "x", sum(s.host), "sum(sizes)")
             return s
 
-        s = self._check("reduce_scatter_v", g, sizes, check)
+        s = self._check("reduce_scatter_v", g, check)
         backend, algorithm = self._select("reduce_scatter_v", g, x.numel() * x.element_size(), x, s)
         return backend.reduce_scatter_v(x, s, g, algorithm)
 
@@ -145,7 +145,7 @@ class Communicator:
                 fusion = self._check_fusion(x, residual, norm_weight, eps)
             return s
 
-        s = self._check("gather_tokens", world, dp_sizes, check)
+        s = self._check("gather_tokens", world, check)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
         backend, algorithm = self._select(op, world,
                                           self._gathered_bytes(x, s, dp.index), x, s)
@@ -163,7 +163,7 @@ class Communicator:
                 check_rows(y, "y", sum(s.host), "sum(dp_sizes)")
             return s
 
-        s = self._check("scatter_tokens", world, dp_sizes, check)
+        s = self._check("scatter_tokens", world, check)
         backend, algorithm = self._select("scatter_tokens", world, y.numel() * y.element_size(), y, s)
         return backend.scatter_tokens(y, s, algorithm)
 
@@ -202,7 +202,7 @@ class Communicator:
             raise ValueError(f"eps: expected a non-negative number, got {eps!r}")
         return ResidualNorm(residual, weight, eps)
 
-    def _check(self, op: str, group: Group, raw_sizes, check):
+    def _check(self, op: str, group: Group, check):
         """Run the local checks; with validate=True, agree across `group` first."""
         self._raise_recorded_error()
         try:
