@@ -7,9 +7,10 @@
 """
 
 from .communicator import Communicator
+from .counts import Counts
 from .errors import CapacityExceeded, HybridCommError, PeerTimeout
 from .layout import GROUP_NAMES, Layout, RankCoords
 
-__all__ = ["Communicator", "Layout", "RankCoords", "GROUP_NAMES", "PeerTimeout",
+__all__ = ["Communicator", "Counts", "Layout", "RankCoords", "GROUP_NAMES", "PeerTimeout",
            "CapacityExceeded", "HybridCommError"]
 __version__ = "0.1.0"

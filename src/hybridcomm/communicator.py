@@ -13,6 +13,7 @@ import torch.distributed as dist
 from . import algorithms
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.reference import ReferenceBackend
+from .counts import Counts, exchange
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
@@ -91,8 +92,10 @@ class Communicator:
         return backend.all_reduce(x, g, algorithm)
 
     def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
-        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order."""
+        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order.
+        sizes may be a `Counts` holding only this rank's count (exchanged here)."""
         g = self._group(group)
+        sizes = self._own_counts(sizes, g)
 
         def check():
             check_tensor(x, "x", self.device)
@@ -108,6 +111,7 @@ class Communicator:
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
         """x holds sum(sizes) rows (partial); returns this rank's sizes[i_me] rows, summed."""
         g = self._group(group)
+        sizes = self._own_counts(sizes, g)
 
         def check():
             check_tensor(x, "x", self.device)
@@ -129,8 +133,21 @@ class Communicator:
         With `residual` and `norm_weight`: returns (normed, residual_out), where
         residual_out = reduced + residual (this DP group's rows) and normed = the gathered
         RMSNorm(residual_out) * norm_weight, computed in fp32.
+
+        dp_sizes may be a `Counts` holding only this DP group's count: it is exchanged over
+        attn_dp here and kept in the Counts for the scatter_tokens that follows.
+
+        partial=False promises that the attn-TP ranks of a DP group pass identical rows, and
+        each backend reads every row from one of those copies: the reference takes this DP
+        group's rows from this rank's own x and another group's rows from that group's rank
+        with the same attn_tp index; NCCL cuts each group's rows into attn_tp contiguous
+        chunks (arguments.split_evenly) and takes chunk t from attn-TP rank t (the fused
+        variant: like the reference); our kernels take this group's rows from this rank and
+        chunk t of another group's rows from its rank t. If the copies differ, the results
+        differ across backends and across ranks.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
+        dp_sizes = self._own_counts(dp_sizes, dp)
         fusion = None
 
         def check():
@@ -153,8 +170,9 @@ class Communicator:
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
         """MoE output (partial over the world, all rows) -> this DP group's rows, reduced,
-        identical on its attn-TP ranks."""
+        identical on its attn-TP ranks. dp_sizes may be the `Counts` of the gather."""
         world = self.groups["world"]
+        dp_sizes = self._own_counts(dp_sizes, self.groups["attn_dp"])
 
         def check():
             check_tensor(y, "y", self.device)
@@ -176,6 +194,10 @@ class Communicator:
             nvlink.raise_recorded_error()
 
     # -- helpers ----------------------------------------------------------------------------
+    def _own_counts(self, sizes, group: Group):
+        """A `Counts` becomes every member's sizes (exchanged over `group` once); others pass."""
+        return exchange(sizes, group, self.device) if isinstance(sizes, Counts) else sizes
+
     def _group(self, name: str) -> Group:
         if name not in self.groups:
             raise ValueError(f"group: unknown group name {name!r}; valid names are {list(GROUP_NAMES)}")
