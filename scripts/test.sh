@@ -4,5 +4,6 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if need pytest || need pytest_timeout; then "$PY" -m pip install -q pytest pytest-timeout; fi
+if need transformers; then "$PY" -m pip install -q "transformers>=5.17,<6"; fi  # hybridcomm[hf] tests
 cd "$(dirname "$0")/.."
 exec "$PY" -m pytest -q -p no:cacheprovider tests "$@"

@@ -197,6 +197,34 @@ def cmd_bench_layer(args) -> int:
     return 0
 
 
+def _model_tokens(text: str) -> list:
+    """'1,4,64:1' -> [1, 4, [64, 1]]: an int is that many tokens on every DP group, a ':' list
+    one count per DP group (run only on layouts with that many groups)."""
+    return [[int(t) for t in item.split(":")] if ":" in item else int(item) for item in text.split(",")]
+
+
+def cmd_bench_model(args) -> int:
+    from .bench.model import bench_model, format_model_table
+
+    device = args.device or _default_device()
+    cuda = device == "cuda"
+    layouts = args.layout or ["dp2xtp2"]
+    world = Layout.parse(layouts[0]).world_size
+    backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
+    config = args.config or ("qwen3-30b-a3b" if cuda else "qwen3_moe-small")
+    tokens = _model_tokens(args.tokens or ("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2"))
+    results = bench_model(config, layouts, tokens, world, device, backends, args.steps,
+                          args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
+                          check_logits=not args.no_check, seed=args.seed)
+    print(format_model_table(results))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1))
+        Path(args.out).with_suffix(".md").write_text("```\n" + format_model_table(results) + "\n```\n")
+        _progress(f"wrote {args.out}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybridcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -244,6 +272,24 @@ def parser() -> argparse.ArgumentParser:
     layer.add_argument("--steps", type=int, default=20)
     layer.add_argument("--out", default=None)
     layer.set_defaults(fn=cmd_bench_layer)
+
+    model = bench.add_parser("model", help="decode steps of a Hugging Face MoE model (hybridcomm.hf) per backend, "
+                                           "checked against one device")
+    model.add_argument("--config", default=None, help="hybridcomm.hf.configs name (default: qwen3-30b-a3b on "
+                                                      "GPUs, qwen3_moe-small on CPU); e.g. deepseek-v3")
+    model.add_argument("--layers", type=int, default=None, help="override the config's number of layers")
+    model.add_argument("--layout", action="append", default=None,
+                       help="layout (repeat for several), e.g. dp2, tp2, dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2")
+    model.add_argument("--tokens", default=None,
+                       help="tokens per DP group, comma-separated; '64:1' = one count per DP group")
+    model.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
+    model.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    model.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    model.add_argument("--steps", type=int, default=16, help="decode steps per point")
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
+    model.add_argument("--out", default=None, help="JSON path (.md beside it)")
+    model.set_defaults(fn=cmd_bench_model)
     return p
 
 

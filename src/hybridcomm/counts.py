@@ -79,8 +79,8 @@ def exchange(counts: Counts, group: Group, device: torch.device):
         if group.size == 1:
             sizes = (own,)
         else:
-            gathered = torch.empty(group.size, dtype=torch.int64, device=device)
-            dist.all_gather_into_tensor(gathered, mine, group=group.pg)
-            sizes = tuple(int(v) for v in gathered.tolist())
+            gathered = [torch.empty_like(mine) for _ in range(group.size)]
+            dist.all_gather(gathered, mine, group=group.pg)
+            sizes = tuple(int(v) for v in torch.cat(gathered).tolist())
     counts.sizes, counts.group = sizes, group.name
     return sizes
