@@ -204,7 +204,7 @@ def _model_tokens(text: str) -> list:
 
 
 def cmd_bench_model(args) -> int:
-    from .bench.model import bench_model, format_model_table
+    from .bench.model import bench_model, format_model_table, verdict
 
     device = args.device or _default_device()
     cuda = device == "cuda"
@@ -217,12 +217,13 @@ def cmd_bench_model(args) -> int:
                           args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
                           check_logits=not args.no_check, seed=args.seed)
     print(format_model_table(results))
+    print(verdict(results))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1))
         Path(args.out).with_suffix(".md").write_text("```\n" + format_model_table(results) + "\n```\n")
         _progress(f"wrote {args.out}")
-    return 0
+    return 0 if "FAIL" not in verdict(results) else 1
 
 
 def parser() -> argparse.ArgumentParser:

@@ -61,16 +61,16 @@ class NvlinkBackend:
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):
-        return torch.ops.hybridcomm.all_reduce(x, self.handles[group.name], kernels.ALL_REDUCE[algorithm])
+        return kernels.call("all_reduce", x, self.handles[group.name], kernels.ALL_REDUCE[algorithm])
 
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
-        return torch.ops.hybridcomm.all_gather_v(x, sizes.device, list(sizes.host or ()), self.handles[group.name],
+        return kernels.call("all_gather_v", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
                                                  out_rows)
 
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
-        return torch.ops.hybridcomm.reduce_scatter_v(x, sizes.device, list(sizes.host or ()),
+        return kernels.call("reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
                                                      self.handles[group.name], out_rows)
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm):
@@ -79,7 +79,7 @@ class NvlinkBackend:
         host = list(dp_sizes.host or ())
         handle, tp = self.handles["world"], self.layout.attn_tp
         if fusion is not None:
-            return torch.ops.hybridcomm.gather_tokens_norm(x, dp_sizes.device, host, fusion.residual, fusion.weight,
+            return kernels.call("gather_tokens_norm", x, dp_sizes.device, host, fusion.residual, fusion.weight,
                                                            fusion.eps, handle, tp, partial, out_rows)
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
@@ -87,7 +87,7 @@ class NvlinkBackend:
             return self.all_gather_v(x, dp_sizes, self.groups["world"], "one_shot")
         if not partial:
             algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
-        return torch.ops.hybridcomm.gather_tokens(x, dp_sizes.device, host, handle, tp, partial,
+        return kernels.call("gather_tokens", x, dp_sizes.device, host, handle, tp, partial,
                                                   kernels.GATHER_TOKENS[algorithm], out_rows)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
@@ -96,7 +96,7 @@ class NvlinkBackend:
             return self.reduce_scatter_v(y, dp_sizes, self.groups["world"], "one_shot")
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)
-        return torch.ops.hybridcomm.scatter_tokens(y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
+        return kernels.call("scatter_tokens", y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
                                                    self.layout.attn_tp, kernels.SCATTER_TOKENS[algorithm], out_rows)
 
     # -- errors ------------------------------------------------------------------------------

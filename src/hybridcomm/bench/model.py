@@ -43,7 +43,15 @@ def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype,
         for _ in range(layers):
             comm.gather_tokens(x, sizes, residual=x, norm_weight=w, eps=1e-6)
             comm.scatter_tokens(y, sizes)
-    return graph_us(step, 1)
+    if device.type == "cuda":
+        return graph_us(step, 1)
+    times = []
+    for _ in range(5):  # eager on CPU: wall clock
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(times)
 
 
 def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_tp: int | None,
@@ -82,16 +90,16 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
         dist.barrier()
         start = time.perf_counter()
         outputs[backend] = check.decode(decoder, prompts, schedule, on_step)
+        device_counts = graphs and backend != "nccl"
         if graphs:
             step_us = statistics.median(decoder.replay_us(tokens_per_dp, REPLAYS) for _ in range(3))
-            rows_in = bucket(max(tokens_per_dp), decoder.slots) if backend != "nccl" else tokens_per_dp[coords.attn_dp_rank]
-            comm_us = _transitions_us(comm, len(model.layers), config.hidden_size, rows_in, tokens_per_dp, dtype,
-                                      backend != "nccl")
         else:
             step_us = statistics.median(b - a for a, b in zip([start] + stamps, stamps)) * 1e6
             if len(stamps) > 1:  # the first interval holds the prefill
                 step_us = statistics.median(b - a for a, b in zip(stamps, stamps[1:])) * 1e6
-            comm_us = float("nan")
+        rows_in = bucket(max(tokens_per_dp), decoder.slots) if device_counts else tokens_per_dp[coords.attn_dp_rank]
+        comm_us = _transitions_us(comm, len(model.layers), config.hidden_size, rows_in, tokens_per_dp, dtype,
+                                  device_counts)
         step_us, comm_us = _max_over_ranks([step_us, comm_us], device)
         rows.append({"backend": LABELS.get(backend, backend), "step_us": step_us, "comm_us": comm_us,
                      "tokens_per_s": sum(tokens_per_dp) / step_us * 1e6})
@@ -161,9 +169,27 @@ def format_model_table(results: dict) -> str:
         first = run["backends"][0]["step_us"]
         tokens = ",".join(map(str, run["tokens_per_dp"]))
         for b in run["backends"]:
-            share = 100 * b["comm_us"] / b["step_us"] if b["comm_us"] == b["comm_us"] else float("nan")
+            share = 100 * b["comm_us"] / b["step_us"]
             lines.append(f"{run['config']:<16} {run['layout']:<16} {tokens:>10} {b['backend']:>11} "
                          f"{b['step_us']:>10.1f} {first / b['step_us']:>8.2f}x {b['tokens_per_s']:>10.1f} "
                          f"{share:>7.1f} {b.get('max_rel_error', float('nan')):>12.3g} "
                          f"{b.get('top1_agreement', float('nan')):>6.3f}")
     return "\n".join(lines)
+
+
+FP32_TOLERANCE = 1e-5  # relative, against the single-device model
+
+
+def verdict(results: dict) -> str:
+    """One line per dtype: fp32 runs must match to FP32_TOLERANCE with every top-1 equal; 16-bit
+    runs are reported (rounding differs between a sharded and a single-device computation)."""
+    runs = [(r["dtype"], b) for r in results["results"] for b in r["backends"] if "max_rel_error" in b]
+    if not runs:
+        return "check: skipped (--no-check)"
+    worst = max(b["max_rel_error"] for _, b in runs)
+    top1 = min(b["top1_agreement"] for _, b in runs)
+    if all(d == "float32" for d, _ in runs):
+        ok = worst < FP32_TOLERANCE and top1 == 1.0
+        return (f"check against the single-device model: {'PASS' if ok else 'FAIL'} (max relative error "
+                f"{worst:.2e}, tolerance {FP32_TOLERANCE:g}; top-1 agreement {top1:.3f})")
+    return f"check against the single-device model: max relative error {worst:.3g}, top-1 agreement {top1:.3f}"
