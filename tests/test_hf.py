@@ -19,7 +19,7 @@ LAYOUTS = [("dp4", 1, 1), ("dp2xtp2", 2, 1), ("tp4", 4, 1), ("dp4,moe_tp2", 1, 2
 SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: uneven, one group empty
 
 
-def _decode_against_reference(family: str, attn_tp: int, moe_tp: int) -> dict:
+def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_counts: bool = False) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
     config = configs.make(f"{family}-tiny")
@@ -27,7 +27,7 @@ def _decode_against_reference(family: str, attn_tp: int, moe_tp: int) -> dict:
     counts = SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
-    decoder = hf.Decoder(model, slots=max(counts), max_len=12)
+    decoder = hf.Decoder(model, slots=max(counts), max_len=12, graphs=False, device_counts=device_counts)
     fed, logits = check.decode(decoder, prompts, check.pause_schedule(counts, 4))
     return check.compare(hf.reference_model(config, seed=7), prompts, fed, logits)
 
@@ -40,6 +40,16 @@ def test_logits_match_single_process(pool, family, layout):
     for rank, r in enumerate(results):
         assert r["max_rel_error"] < 1e-5, (rank, r)
         assert r["top1_agreement"] == 1.0, (rank, r)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[4]], ids=[LAYOUTS[0][0], LAYOUTS[4][0]])
+def test_graph_path_with_device_counts(pool, family, layout):
+    """The CUDA-graph step's code (bucket-sized static buffers, filler rows, counts in an int32
+    tensor, capacity-sized transitions), run eagerly on CPU."""
+    _, attn_tp, moe_tp = layout
+    for r in pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, True, timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
 
 
 def _parallelize_materialised_model() -> float:

@@ -99,10 +99,10 @@ def full_model(model_class, config, source, device, dtype):
         if _skip(name, config):
             continue
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            t = torch.stack([source.expert(name, e, shape[1:], config) for e in range(shape[0])])
+            t = _stack((source.expert(name, e, shape[1:], config) for e in range(shape[0])), shape[0], dtype, device)
         else:
-            t = source.tensor(name, shape, config)
-        _set_tensor(model, name, _cast(t, is_param, dtype, device), is_param)
+            t = _cast(source.tensor(name, shape, config), is_param, dtype, device)
+        _set_tensor(model, name, t, is_param)
     return _finish(model, config, device, dtype)
 
 
@@ -116,16 +116,30 @@ def shard_model(model_class, config, family: Family, plan: RankPlan, source, dev
         if _skip(name, config):
             continue
         kind, detail = rule_for(name, family, moe)
-        t = _shard_tensor(name, shape, kind, detail, source, plan, config)
-        _set_tensor(model, name, _cast(t, is_param, dtype, device), is_param)
+        if kind == "experts":
+            t = _stack((_expert_part(source.expert(name, e, shape[1:], config), detail, plan) for e in plan.experts),
+                       len(plan.experts), dtype, device)
+        else:
+            t = _cast(_shard_tensor(name, shape, kind, detail, source, plan, config), is_param, dtype, device)
+        _set_tensor(model, name, t, is_param)
     _fix_attributes(model, family, plan, config)
+    if device.type == "cuda":
+        model.set_experts_implementation("grouped_mm")  # graph-capturable; skips non-local routes
     return _finish(model, config, device, dtype)
 
 
+def _stack(experts, count: int, dtype, device) -> torch.Tensor:
+    """`count` experts into one (count, ...) tensor, filled one expert at a time (a DeepSeek-V3
+    layer's experts stacked in fp32 first would take 45 GB)."""
+    out = None
+    for e, t in enumerate(experts):
+        if out is None:
+            out = torch.empty((count,) + tuple(t.shape), dtype=dtype, device=device)
+        out[e].copy_(t)
+    return out
+
+
 def _shard_tensor(name, shape, kind, detail, source, plan: RankPlan, config):
-    if kind == "experts":
-        return torch.stack([_expert_part(source.expert(name, e, shape[1:], config), detail, plan)
-                            for e in plan.experts])
     t = source.tensor(name, shape, config)
     if kind == "heads":
         return cut(t, detail.dim, head_rows(plan, detail, config))

@@ -31,16 +31,18 @@ def bucket(n: int, slots: int) -> int:
 
 class Decoder:
     def __init__(self, model: ParallelCausalLM, slots: int, max_len: int, graphs: bool | None = None,
-                 device_counts: bool = True):
+                 device_counts: bool | None = None):
         """slots: sequences this DP group holds; max_len: prompt + generated tokens per sequence.
-        graphs: capture decode steps (default: on CUDA). device_counts: graphs take the counts
-        from a device tensor (one graph per bucket); False captures one graph per exact count
-        mix with host counts (what a backend without device-side counts needs, e.g. NCCL)."""
+        graphs: capture decode steps (default: on CUDA). device_counts (default: graphs): steps
+        run on bucket-sized static buffers with the counts in a device tensor (one graph per
+        bucket); False with graphs captures one graph per exact count mix with host counts (what
+        a backend without device-side counts needs, e.g. NCCL). device_counts without graphs
+        runs the graph path's code eagerly (how the CPU tests check it)."""
         self.model, self.slots, self.max_len = model, slots, max_len
         self.cache = StaticCache(slots, max_len + 1)  # + a scratch position for filler rows
         self.lengths = [0] * slots
         self.graphs = (model.device.type == "cuda") if graphs is None else graphs
-        self.device_counts = device_counts
+        self.device_counts = self.graphs if device_counts is None else device_counts
         self._captured: dict[tuple, tuple] = {}
 
     @property
@@ -70,10 +72,10 @@ class Decoder:
         if dp_counts is not None and dp_counts[self.dp_rank] != n:
             raise ValueError(f"dp_counts[{self.dp_rank}] = {dp_counts[self.dp_rank]} but {n} tokens given")
         positions = torch.tensor(self.lengths[:n], dtype=torch.long)
-        if self.graphs:
+        if self.graphs or self.device_counts:
             if dp_counts is None:
-                raise ValueError("dp_counts: graph steps need every DP group's count")
-            logits = self._replay(tokens, positions, dp_counts)
+                raise ValueError("dp_counts: graph / device-count steps need every DP group's count")
+            logits = self._static_step(tokens, positions, dp_counts)
         else:
             sizes = Counts(n) if dp_counts is None else list(dp_counts)
             logits = self.model(tokens.to(self.model.device)[:, None], positions.to(self.model.device)[:, None],
@@ -99,23 +101,27 @@ class Decoder:
         end.synchronize()
         return begin.elapsed_time(end) * 1e3 / replays
 
-    def _replay(self, tokens, positions, dp_counts):
+    def _static_step(self, tokens, positions, dp_counts):
         n = tokens.shape[0]
         key = self.graph_key(dp_counts)
-        rows = key[1] if self.device_counts else n
         if key not in self._captured:
-            self._captured[key] = self._capture(rows, None if self.device_counts else list(dp_counts))
-        graph, ids, pos, counts, out = self._captured[key]
+            rows = key[1] if self.device_counts else n
+            self._captured[key] = self._prepare(rows, None if self.device_counts else list(dp_counts))
+        graph, ids, pos, counts, out, run = self._captured[key]
         ids.zero_()
         pos.fill_(self.max_len)  # filler rows: the scratch position
         ids[:n, 0].copy_(tokens, non_blocking=True)
         pos[:n, 0].copy_(positions, non_blocking=True)
         if counts is not None:
             counts.copy_(torch.tensor(dp_counts, dtype=torch.int32), non_blocking=True)
-        graph.replay()
+        if graph is not None:
+            graph.replay()
+        else:
+            out = run()
         return out[:n, 0]
 
-    def _capture(self, rows: int, host_counts):
+    def _prepare(self, rows: int, host_counts):
+        """Static inputs for `rows` rows, and the step captured on them (graphs) or not."""
         device = self.model.device
         ids = torch.zeros((rows, 1), dtype=torch.long, device=device)
         pos = torch.full((rows, 1), self.max_len, dtype=torch.long, device=device)
@@ -124,6 +130,8 @@ class Decoder:
             counts = torch.full((self.model.comm.layout.attn_dp,), rows, dtype=torch.int32, device=device)
         sizes = counts if counts is not None else host_counts
         run = lambda: self.model(ids, pos, self.cache, sizes)  # noqa: E731
+        if not self.graphs:
+            return None, ids, pos, counts, None, run
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # lazy setup (NCCL, allocator, kernels' first launch) outside capture
@@ -133,4 +141,4 @@ class Decoder:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = run()
-        return graph, ids, pos, counts, out
+        return graph, ids, pos, counts, out, run
