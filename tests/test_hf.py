@@ -111,3 +111,17 @@ def test_layout_that_does_not_divide_the_heads():
     config = configs.make("qwen3_moe-tiny")
     with pytest.raises(ValueError, match="num_attention_heads over attn_tp=8"):
         RankPlan.make(config, hf.FAMILIES["qwen3_moe"], hc.Layout(8, attn_tp=8), 0)
+
+
+def test_bench_model_on_cpu(pool):
+    """`hybridcomm bench model`'s per-point run (eager on CPU): it times, checks and reports."""
+    from hybridcomm.bench.model import format_model_table, run_model_bench, verdict
+
+    runs = pool(4).run(run_model_bench, "qwen3_moe-tiny", 1, "dp2xtp2", None, [3, 0], ["reference"], 3,
+                       "float32", True, 0, timeout=300)
+    assert all(r == runs[0] for r in runs)
+    row = runs[0]["backends"][0]
+    assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
+    assert row["step_us"] > 0 and row["comm_us"] > 0
+    results = {"results": runs[:1]}
+    assert "reference" in format_model_table(results) and "PASS" in verdict(results)

@@ -22,11 +22,33 @@ import time
 import torch
 import torch.distributed as dist
 
-from .layer import LABELS, _communicator, _max_over_ranks, _worker_device, parse_layout, tokens_for
+from ..communicator import Communicator
+from ..workspace import DEFAULT_AREA_BYTES
+from .layer import LABELS, _max_over_ranks, _worker_device, parse_layout, tokens_for
 from .timing import graph_us
 
 PROMPT = 8
 REPLAYS = 50
+_communicators: dict[tuple, Communicator] = {}  # per worker: process groups and workspaces are costly
+
+
+def workspace_for(layout, max_tokens: int, hidden: int, dtype: torch.dtype) -> int:
+    """Workspace bytes per peer so that no transition of the run falls back to NCCL (which cannot
+    read device-side counts inside a graph): a scatter_tokens input holds attn_dp * capacity rows,
+    sent as LL packets (2 bytes per byte)."""
+    need = 2 * layout.attn_dp * max_tokens * hidden * torch.finfo(dtype).bits // 8
+    size = DEFAULT_AREA_BYTES
+    while size < need:
+        size *= 2
+    return size
+
+
+def _communicator(layout, backend: str, device, workspace_bytes: int) -> Communicator:
+    key = (layout, backend, workspace_bytes)
+    if key not in _communicators:
+        extra = {"workspace_bytes": workspace_bytes} if device.type == "cuda" else {}
+        _communicators[key] = Communicator(layout, device=device, backend=backend, **extra)
+    return _communicators[key]
 
 
 def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype, device_counts: bool) -> float:
@@ -56,7 +78,7 @@ def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype,
 
 def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_tp: int | None,
                     tokens_per_dp: list[int], backends: list[str], steps: int, dtype_name: str,
-                    check_logits: bool, seed: int) -> dict:
+                    check_logits: bool, seed: int, max_tokens: int | None = None) -> dict:
     """On every rank of an SpmdPool; returns the same dict on every rank."""
     from .. import hf
     from ..hf import check, configs
@@ -73,12 +95,14 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
     schedule = [list(tokens_per_dp)] * steps
     model = None
     rows, outputs = [], {}
+    slots = max(max(tokens_per_dp), 1)  # graph capacity buckets never exceed the slots
+    workspace = workspace_for(layout, max(max_tokens or 0, slots), config.hidden_size, dtype)
     for backend in backends:
-        comm = _communicator(layout, backend, device)
+        comm = _communicator(layout, backend, device, workspace)
         if model is None:
             model = hf.from_config(config, comm, seed=seed, dtype=dtype)
         model.comm = comm  # one shard, every backend
-        decoder = hf.Decoder(model, slots=max(max(tokens_per_dp), 1), max_len=PROMPT + steps + 1,
+        decoder = hf.Decoder(model, slots=slots, max_len=PROMPT + steps + 1,
                              graphs=graphs, device_counts=backend != "nccl")
         stamps = []
 
@@ -151,12 +175,13 @@ def bench_model(config: str, layouts, tokens_list, world_size: int, device: str,
                       file=sys.stderr)
             else:
                 points.append((name, layout.moe_tp, counts))
+    max_tokens = max(max(counts) for _, _, counts in points)
     results = []
     with SpmdPool(world_size, device) as pool:
         for i, (name, moe_tp, counts) in enumerate(points, 1):
             print(f"[model {i}/{len(points)}] {config} {name} tokens/dp {counts} ...", file=sys.stderr, flush=True)
             results.append(pool.run(run_model_bench, config, layers, name, moe_tp, counts, list(backends), steps,
-                                    dtype, check_logits, seed, timeout=timeout_s)[0])
+                                    dtype, check_logits, seed, max_tokens, timeout=timeout_s)[0])
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "device": device, "world_size": world_size, "results": results}
 
