@@ -35,16 +35,16 @@ def pause_schedule(counts: list[int], steps: int) -> list[list[int]]:
 def decode(decoder: Decoder, prompts: torch.Tensor, schedule: list[list[int]], on_step=None):
     """Greedy decode of this DP group's sequences. Returns (fed, logits): per sequence, the
     tokens fed after the prompt, and its logits (prompt positions + one row per step), on CPU
-    in fp32. on_step(step_index) is called after every step (progress, timing)."""
+    in the model's dtype. on_step(step_index) is called after every step (progress, timing)."""
     dp = decoder.dp_rank
-    prefill = decoder.prefill(prompts).float().cpu()
+    prefill = decoder.prefill(prompts).cpu()
     logits = [[row] for row in prefill]
     fed = [[] for _ in range(prompts.shape[0])]
     nxt = [row[-1].argmax().item() for row in prefill]
     for i, counts in enumerate(schedule):
         n = counts[dp]
         tokens = torch.tensor(nxt[:n], dtype=torch.long)
-        out = decoder.step(tokens, counts).float().cpu()
+        out = decoder.step(tokens, counts).cpu()
         for s in range(n):
             fed[s].append(nxt[s])
             logits[s].append(out[s][None])
@@ -63,6 +63,7 @@ def compare(reference, prompts: torch.Tensor, fed, logits) -> dict:
     for prompt, tokens, ours in zip(prompts, fed, logits):
         seq = torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])[None].to(device)
         ref = reference(seq).logits[0].float().cpu()
+        ours = ours.float()
         worst = max(worst, ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
         agree += (ours.argmax(-1) == ref.argmax(-1)).sum().item()
         total += ref.shape[0]
