@@ -189,12 +189,17 @@ def cmd_bench_layer(args) -> int:
     results = bench_layer(layouts, tokens, world, device=device, backends=backends, steps=args.steps,
                           dtype=dtype, config=config)
     print(format_layer_table(results))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        Path(args.out).with_suffix(".md").write_text("```\n" + format_layer_table(results) + "\n```\n")
-        _progress(f"wrote {args.out}")
+    _write_table(results, format_layer_table(results), args.out)
     return 0
+
+
+def _write_table(results: dict, table: str, out: str | None) -> None:
+    """JSON at `out`, the text table beside it (.md)."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(results, indent=1))
+        Path(out).with_suffix(".md").write_text("```\n" + table + "\n```\n")
+        _progress(f"wrote {out}")
 
 
 def _model_tokens(text: str) -> list:
@@ -218,11 +223,7 @@ def cmd_bench_model(args) -> int:
                           check_logits=not args.no_check, seed=args.seed)
     print(format_model_table(results))
     print(verdict(results))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        Path(args.out).with_suffix(".md").write_text("```\n" + format_model_table(results) + "\n```\n")
-        _progress(f"wrote {args.out}")
+    _write_table(results, format_model_table(results) + "\n" + verdict(results), args.out)
     return 0 if "FAIL" not in verdict(results) else 1
 
 
