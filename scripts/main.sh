@@ -9,6 +9,4 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if need transformers; then "$PY" -m pip install -q "transformers>=5.17,<6" || exit 1; fi
-gpus=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
-if [ "$gpus" -ge 4 ]; then layout=dp2xtp2; elif [ "$gpus" -ge 2 ]; then layout=dp2; else layout=dp2xtp2; fi
-exec "$PY" -m hybridcomm bench model --layout "$layout" "$@"
+exec "$PY" -m hybridcomm bench model "$@"  # layout: dp2 on 2-3 GPUs, dp2xtp2 on 4 GPUs or the CPU

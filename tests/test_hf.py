@@ -19,11 +19,14 @@ LAYOUTS = [("dp4", 1, 1), ("dp2xtp2", 2, 1), ("tp4", 4, 1), ("dp4,moe_tp2", 1, 2
 SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: uneven, one group empty
 
 
-def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_counts: bool = False) -> dict:
+def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
+                              experts: str | None = None) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
     config = configs.make(f"{family}-tiny")
     model = hf.from_config(config, comm, seed=7)
+    if experts is not None:
+        model.model.set_experts_implementation(experts)
     counts = SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
@@ -49,6 +52,14 @@ def test_graph_path_with_device_counts(pool, family, layout):
     tensor, capacity-sized transitions), run eagerly on CPU."""
     _, attn_tp, moe_tp = layout
     for r in pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, True, timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+@pytest.mark.parametrize("experts", ["batched_mm", "eager"])
+def test_other_experts_implementations(pool, experts):
+    """The experts implementations a GPU run may use for non-bf16 dtypes (batched_mm) and
+    transformers' loop (eager) skip the routes of experts a rank does not own."""
+    for r in pool(4).run(_decode_against_reference, "deepseek_v3", 2, 2, True, experts, timeout=300):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
 
 

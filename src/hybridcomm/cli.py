@@ -213,14 +213,14 @@ def cmd_bench_model(args) -> int:
 
     device = args.device or _default_device()
     cuda = device == "cuda"
-    layouts = args.layout or ["dp2xtp2"]
+    layouts = args.layout or ["dp2" if cuda and torch.cuda.device_count() < 4 else "dp2xtp2"]
     world = Layout.parse(layouts[0]).world_size
     backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
     config = args.config or ("qwen3-30b-a3b" if cuda else "qwen3_moe-small")
     tokens = _model_tokens(args.tokens or ("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2"))
     results = bench_model(config, layouts, tokens, world, device, backends, args.steps,
                           args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
-                          check_logits=not args.no_check, seed=args.seed)
+                          check_logits=not args.no_check, seed=args.seed, eager=args.eager)
     print(format_model_table(results))
     print(verdict(results))
     _write_table(results, format_model_table(results) + "\n" + verdict(results), args.out)
@@ -281,7 +281,8 @@ def parser() -> argparse.ArgumentParser:
                                                       "GPUs, qwen3_moe-small on CPU); e.g. deepseek-v3")
     model.add_argument("--layers", type=int, default=None, help="override the config's number of layers")
     model.add_argument("--layout", action="append", default=None,
-                       help="layout (repeat for several), e.g. dp2, tp2, dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2")
+                       help="layout (repeat for several), e.g. dp2, tp2, dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2 "
+                            "(default: dp2 on 2-3 GPUs, dp2xtp2 on 4 GPUs or CPU)")
     model.add_argument("--tokens", default=None,
                        help="tokens per DP group, comma-separated; '64:1' = one count per DP group")
     model.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
@@ -290,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--steps", type=int, default=16, help="decode steps per point")
     model.add_argument("--seed", type=int, default=0)
     model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
+    model.add_argument("--eager", action="store_true", help="GPUs: no CUDA graphs (wall-clock step times)")
     model.add_argument("--out", default=None, help="JSON path (.md beside it)")
     model.set_defaults(fn=cmd_bench_model)
     return p

@@ -51,7 +51,8 @@ def _communicator(layout, backend: str, device, workspace_bytes: int) -> Communi
     return _communicators[key]
 
 
-def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype, device_counts: bool) -> float:
+def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype, device_counts: bool,
+                    graphs: bool) -> float:
     """µs of one step's communication alone: per layer a fused gather_tokens and a scatter_tokens
     on random rows of the step's shapes, as one CUDA graph."""
     device = comm.device
@@ -65,28 +66,36 @@ def _transitions_us(comm, layers: int, hidden: int, rows: int, dp_counts, dtype,
         for _ in range(layers):
             comm.gather_tokens(x, sizes, residual=x, norm_weight=w, eps=1e-6)
             comm.scatter_tokens(y, sizes)
-    if device.type == "cuda":
+    if graphs:
         return graph_us(step, 1)
     times = []
-    for _ in range(5):  # eager on CPU: wall clock
+    for _ in range(5):  # eager: wall clock, the device drained before and after
+        _synchronize(device)
         dist.barrier()
         start = time.perf_counter()
         step()
+        _synchronize(device)
         times.append((time.perf_counter() - start) * 1e6)
     return statistics.median(times)
 
 
+def _synchronize(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_tp: int | None,
                     tokens_per_dp: list[int], backends: list[str], steps: int, dtype_name: str,
-                    check_logits: bool, seed: int, max_tokens: int | None = None) -> dict:
-    """On every rank of an SpmdPool; returns the same dict on every rank."""
+                    check_logits: bool, seed: int, max_tokens: int | None = None, eager: bool = False) -> dict:
+    """On every rank of an SpmdPool; returns the same dict on every rank. eager: no CUDA graphs
+    on GPUs (steps timed by wall clock, like CPU runs)."""
     from .. import hf
     from ..hf import check, configs
     from ..hf.driver import bucket
 
     layout = parse_layout(layout_name, moe_tp)
     device = _worker_device()
-    graphs = device.type == "cuda"
+    graphs = device.type == "cuda" and not eager
     dtype = getattr(torch, dtype_name)
     config = configs.make(config_name, layers)
     rank = dist.get_rank()
@@ -102,11 +111,15 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
         if model is None:
             model = hf.from_config(config, comm, seed=seed, dtype=dtype)
         model.comm = comm  # one shard, every backend
+        # graphs: hybridcomm reads device-side counts (one capture per bucket), NCCL needs host
+        # counts (one capture per count mix); eager: exact host counts for every backend
+        device_counts = graphs and backend != "nccl"
         decoder = hf.Decoder(model, slots=slots, max_len=PROMPT + steps + 1,
-                             graphs=graphs, device_counts=backend != "nccl")
+                             graphs=graphs, device_counts=device_counts)
         stamps = []
 
         def on_step(i):
+            _synchronize(device)
             if rank == 0 and (i + 1) % max(1, steps // 4) == 0:
                 print(f"  [{LABELS.get(backend, backend)}] step {i + 1}/{steps}", file=sys.stderr, flush=True)
             stamps.append(time.perf_counter())
@@ -114,7 +127,6 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
         dist.barrier()
         start = time.perf_counter()
         outputs[backend] = check.decode(decoder, prompts, schedule, on_step)
-        device_counts = graphs and backend != "nccl"
         if graphs:
             step_us = statistics.median(decoder.replay_us(tokens_per_dp, REPLAYS) for _ in range(3))
         else:
@@ -123,7 +135,7 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
                 step_us = statistics.median(b - a for a, b in zip(stamps, stamps[1:])) * 1e6
         rows_in = bucket(max(tokens_per_dp), decoder.slots) if device_counts else tokens_per_dp[coords.attn_dp_rank]
         comm_us = _transitions_us(comm, len(model.layers), config.hidden_size, rows_in, tokens_per_dp, dtype,
-                                  device_counts)
+                                  device_counts, graphs)
         step_us, comm_us = _max_over_ranks([step_us, comm_us], device)
         rows.append({"backend": LABELS.get(backend, backend), "step_us": step_us, "comm_us": comm_us,
                      "tokens_per_s": sum(tokens_per_dp) / step_us * 1e6})
@@ -158,7 +170,7 @@ def _check(config, seed, device, dtype, prompts, outputs, rows, coords) -> None:
 
 def bench_model(config: str, layouts, tokens_list, world_size: int, device: str, backends, steps: int,
                 dtype: str, layers: int | None = None, check_logits: bool = True, seed: int = 0,
-                timeout_s: float = 900.0) -> dict:
+                eager: bool = False, timeout_s: float = 900.0) -> dict:
     """Every (layout, tokens) point in one pool of `world_size` ranks; progress on stderr."""
     from ..layout import Layout
     from ..spmd import SpmdPool
@@ -181,7 +193,7 @@ def bench_model(config: str, layouts, tokens_list, world_size: int, device: str,
         for i, (name, moe_tp, counts) in enumerate(points, 1):
             print(f"[model {i}/{len(points)}] {config} {name} tokens/dp {counts} ...", file=sys.stderr, flush=True)
             results.append(pool.run(run_model_bench, config, layers, name, moe_tp, counts, list(backends), steps,
-                                    dtype, check_logits, seed, max_tokens, timeout=timeout_s)[0])
+                                    dtype, check_logits, seed, max_tokens, eager, timeout=timeout_s)[0])
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "device": device, "world_size": world_size, "results": results}
 

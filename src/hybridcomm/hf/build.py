@@ -15,6 +15,11 @@ from .families import Family, UnsupportedModel
 from .plan import RankPlan, cut, fraction, head_rows, rule_for
 
 ROTARY = "model.rotary_emb"  # non-persistent buffers (inv_freq): rebuilt on the device
+# transformers' experts implementation on CUDA, per dtype: both capture in CUDA graphs and skip
+# the routes of experts a rank does not own; grouped_mm (one grouped GEMM) takes bf16 only,
+# batched_mm (gathers one weight matrix per route: small models only) takes any dtype.
+CUDA_EXPERTS = {torch.bfloat16: "grouped_mm"}
+CUDA_EXPERTS_OTHER = "batched_mm"
 
 
 def meta_model(model_class, config):
@@ -73,6 +78,8 @@ def _entries(model):
 
 
 def _finish(model, config, device, dtype):
+    if device.type == "cuda":
+        model.set_experts_implementation(CUDA_EXPERTS.get(dtype, CUDA_EXPERTS_OTHER))
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config).to(device)
     if getattr(config, "tie_word_embeddings", False):
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -123,8 +130,6 @@ def shard_model(model_class, config, family: Family, plan: RankPlan, source, dev
             t = _cast(_shard_tensor(name, shape, kind, detail, source, plan, config), is_param, dtype, device)
         _set_tensor(model, name, t, is_param)
     _fix_attributes(model, family, plan, config)
-    if device.type == "cuda":
-        model.set_experts_implementation("grouped_mm")  # graph-capturable; skips non-local routes
     return _finish(model, config, device, dtype)
 
 
