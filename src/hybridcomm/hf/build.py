@@ -20,6 +20,10 @@ ROTARY = "model.rotary_emb"  # non-persistent buffers (inv_freq): rebuilt on the
 # batched_mm (gathers one weight matrix per route: small models only) takes any dtype.
 CUDA_EXPERTS = {torch.bfloat16: "grouped_mm"}
 CUDA_EXPERTS_OTHER = "batched_mm"
+# implementations that skip a route whose expert index is num_experts (not on this rank) in
+# transformers 5.17 and 5.23; a shard given any other (e.g. "eager": one_hot over num_experts
+# classes fails in 5.17's DeepSeek-V3) runs batched_mm
+SKIPS_FOREIGN_EXPERTS = ("grouped_mm", "batched_mm")
 
 
 def meta_model(model_class, config):
@@ -130,7 +134,10 @@ def shard_model(model_class, config, family: Family, plan: RankPlan, source, dev
             t = _cast(_shard_tensor(name, shape, kind, detail, source, plan, config), is_param, dtype, device)
         _set_tensor(model, name, t, is_param)
     _fix_attributes(model, family, plan, config)
-    return _finish(model, config, device, dtype)
+    model = _finish(model, config, device, dtype)
+    if model.config._experts_implementation not in SKIPS_FOREIGN_EXPERTS:
+        model.set_experts_implementation(CUDA_EXPERTS_OTHER)
+    return model
 
 
 def _stack(experts, count: int, dtype, device) -> torch.Tensor:
