@@ -23,6 +23,7 @@ from ..communicator import Communicator
 from ..layout import Layout
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
+from .eager import eager_costs
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [2 * KiB, 8 * KiB, 32 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
@@ -107,6 +108,7 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     overhead["hybridcomm_all_reduce_2KB"] = timing.eager_us(lambda: comm.all_reduce(x))
     overhead["nccl_all_reduce_2KB"] = timing.eager_us(lambda: dist.all_reduce(x))
     overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
+    overhead.update(eager_costs(comm))  # every op, eager, against its torch.distributed call
     overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
     return {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
             "workspace": comm.backends["nvlink"].workspace.describe(),
