@@ -3,7 +3,9 @@
 
 #include <cuda_runtime.h>
 
-#include "protocol.cuh"
+#include "bulk.cuh"
+#include "lanes.cuh"
+#include "rows.cuh"
 
 namespace hc {
 
@@ -16,6 +18,16 @@ inline int blocks_for(int64_t work, const GroupArgs& g) {
   if (b > g.max_blocks) b = g.max_blocks;
   return (int)b;
 }
+
+// Row counts as the kernels take them: a device array (graph replays with new counts), or the
+// first n host values inline.
+inline SizesArg sizes_arg(const int32_t* device, const int32_t* host, int n) {
+  SizesArg sizes{device, {}};
+  for (int i = 0; i < n && !device; ++i) sizes.host[i] = host[i];
+  return sizes;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Launch errors come back as the cudaError_t value (0 = success).
 inline int launch_status() { return (int)cudaGetLastError(); }
