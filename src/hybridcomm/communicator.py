@@ -16,6 +16,7 @@ from .backends.reference import ReferenceBackend
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
+from .ops import OPS
 
 BACKENDS = ("auto", "reference", "nccl", "nvlink")
 
@@ -72,6 +73,7 @@ class Communicator:
         self.backends = {"reference": ReferenceBackend(self.groups)}
         self.forced = None if backend == "auto" else backend
         self.table = algorithms.TABLE if table is None else table
+        self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -86,8 +88,7 @@ class Communicator:
         """Sum over `group`; returns a new tensor."""
         g = self._group(group)
         self._check("all_reduce", g, lambda: check_tensor(x, "x", self.device))
-        nbytes = x.numel() * x.element_size()
-        backend, algorithm = self._select("all_reduce", g, nbytes, x)
+        backend, algorithm = self._select("all_reduce", g, x)
         return backend.all_reduce(x, g, algorithm)
 
     def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -102,7 +103,7 @@ class Communicator:
             return s
 
         s = self._check("all_gather_v", g, check)
-        backend, algorithm = self._select("all_gather_v", g, self._gathered_bytes(x, s, g.index), x, s)
+        backend, algorithm = self._select("all_gather_v", g, x, s, g.index)
         return backend.all_gather_v(x, s, g, algorithm)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -117,7 +118,7 @@ class Communicator:
             return s
 
         s = self._check("reduce_scatter_v", g, check)
-        backend, algorithm = self._select("reduce_scatter_v", g, x.numel() * x.element_size(), x, s)
+        backend, algorithm = self._select("reduce_scatter_v", g, x, s, g.index)
         return backend.reduce_scatter_v(x, s, g, algorithm)
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes, partial: bool = True, *,
@@ -147,8 +148,7 @@ class Communicator:
 
         s = self._check("gather_tokens", world, check)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
-        backend, algorithm = self._select(op, world,
-                                          self._gathered_bytes(x, s, dp.index), x, s)
+        backend, algorithm = self._select(op, world, x, s, dp.index)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
@@ -164,7 +164,7 @@ class Communicator:
             return s
 
         s = self._check("scatter_tokens", world, check)
-        backend, algorithm = self._select("scatter_tokens", world, y.numel() * y.element_size(), y, s)
+        backend, algorithm = self._select("scatter_tokens", world, y, s, self.groups["attn_dp"].index)
         return backend.scatter_tokens(y, s, algorithm)
 
     def check_errors(self) -> None:
@@ -182,8 +182,11 @@ class Communicator:
         return self.groups[name]
 
     @staticmethod
-    def _gathered_bytes(x: torch.Tensor, sizes: Sizes, index: int) -> int:
-        """Size of a gather's result (its capacity when sizes live on the device)."""
+    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int) -> int:
+        """The bytes the selection table compares: the op's input, or its result (its
+        capacity when sizes live on the device), as ops.OPS says."""
+        if OPS[op].message == "input":
+            return x.numel() * x.element_size()
         row_bytes = math.prod(x.shape[1:]) * x.element_size()
         return result_rows(sizes, index, x.shape[0], gathered=True) * row_bytes
 
@@ -238,20 +241,20 @@ class Communicator:
                 raise ValueError(f"{op}: sizes differ across ranks: rank {self.rank} passed {mine}, "
                                  f"rank {member} passed {theirs}")
 
-    def _select(self, op: str, group: Group, nbytes: int, x: torch.Tensor, sizes: Sizes | None = None):
-        if self.forced in ("reference", "nccl"):
-            return self.backends[self.forced], None
-        if self.device.type == "cpu":
-            return self.backends["reference"], None
+    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0):
+        if self.forced in ("reference", "nccl") or self.device.type == "cpu":
+            name = self.forced or "reference"
+            self.last_choice = algorithms.Choice(name, None, f"backend={name!r}" if self.forced else "CPU")
+            return self.backends[name], None
         nvlink = self.backends.get("nvlink")
-        kernel_op = "gather_tokens" if op == "gather_tokens_norm" else op
 
         def blocker(algorithm: str) -> str | None:
             if nvlink is None:
                 return "nvlink backend not loaded"
-            return nvlink.blocker(kernel_op, algorithm, group, x, sizes)
+            return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, nbytes, blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index), blocker, self.table)
+        self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 
     def _raise_recorded_error(self) -> None:

@@ -25,6 +25,7 @@ constexpr int kArrivalBytes = 256;
 // block) for the bulk protocol.
 constexpr int kFlagBytes = kArrivalBytes + 2 * kMaxRanks * kMaxBlocks * 4;
 constexpr int kStateWords = 4;    // uint32 words of a group's local GroupState
+constexpr int kRowAlignBytes = 16;  // rows (and all_reduce messages) are a multiple of this
 
 // -- protocols: payload bytes per unit, and bytes a unit occupies in a receive area ---------
 // LL: 16-byte packets carrying 8 bytes of payload and the call's flag twice.

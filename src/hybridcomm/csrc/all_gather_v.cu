@@ -37,11 +37,11 @@ __global__ void __launch_bounds__(kThreads)
 using namespace hc;
 
 // sizes_device: int32[nranks] on the device, or null to use sizes_host.
-// in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of 16.
+// in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of kRowAlignBytes.
 extern "C" int hc_all_gather_v(const GroupArgs* g, const void* in, void* out, const int32_t* sizes_device,
                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
                                int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16) return (int)cudaErrorInvalidValue;
+  if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const SizesArg sizes = sizes_arg(sizes_device, sizes_host, g->nranks);
   const int64_t row_lanes = row_bytes / 8;
   const int blocks = blocks_for(out_rows * row_lanes, *g);

@@ -115,10 +115,10 @@ __global__ void __launch_bounds__(kThreads)
 
 using namespace hc;
 
-// algorithm: an AllReduceAlgorithm (abi.h). nbytes: a multiple of 16.
+// algorithm: an AllReduceAlgorithm (abi.h). nbytes: a multiple of kRowAlignBytes.
 extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const void* in, void* out,
                              int64_t nbytes, cudaStream_t stream) {
-  if (nbytes % 16 || algorithm < kAllReduceOneShot || algorithm > kAllReduceTwoShotBulk)
+  if (nbytes % kRowAlignBytes || algorithm < kAllReduceOneShot || algorithm > kAllReduceTwoShotBulk)
     return (int)cudaErrorInvalidValue;
   const int64_t lanes = nbytes / 8, units = nbytes / 16;
   // What each source sends one peer per phase, in units of its protocol (LL lanes, bulk units).

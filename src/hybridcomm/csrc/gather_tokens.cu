@@ -200,7 +200,7 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
                                 void* residual_out, float eps, const int32_t* sizes_device,
                                 const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
                                 int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16 || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
     return (int)cudaErrorInvalidValue;
   const SizesArg sizes = sizes_arg(sizes_device, sizes_host, g->nranks / tp);
   const int64_t row_lanes = row_bytes / 8;

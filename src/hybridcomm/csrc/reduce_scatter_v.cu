@@ -35,7 +35,7 @@ using namespace hc;
 extern "C" int hc_reduce_scatter_v(const GroupArgs* g, int dtype, const void* in, void* out,
                                    const int32_t* sizes_device, const int32_t* sizes_host, int64_t row_bytes,
                                    int64_t in_rows, int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16) return (int)cudaErrorInvalidValue;
+  if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const SizesArg sizes = sizes_arg(sizes_device, sizes_host, g->nranks);
   const int64_t row_lanes = row_bytes / 8;
   const int blocks = blocks_for(in_rows * row_lanes, *g);

@@ -84,7 +84,7 @@ using namespace hc;
 extern "C" int hc_scatter_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, const void* in, void* out,
                                  const int32_t* sizes_device, const int32_t* sizes_host, int64_t row_bytes,
                                  int64_t in_rows, int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16 || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const SizesArg sizes = sizes_arg(sizes_device, sizes_host, g->nranks / tp);
   const int64_t row_lanes = row_bytes / 8;
   const int blocks = blocks_for(in_rows * row_lanes, *g);
