@@ -27,6 +27,7 @@ def _progress(msg: str) -> None:
 
 # -- info --------------------------------------------------------------------------------------
 def cmd_info(args) -> int:
+    from .ops import describe as describe_ops
     from .workspace import DEFAULT_AREA_BYTES, describe_plan
 
     from . import __version__
@@ -51,6 +52,9 @@ def cmd_info(args) -> int:
     print(layout.rank_table())
     print()
     print(describe_plan(layout, args.workspace_bytes or DEFAULT_AREA_BYTES))
+    print()
+    print("ops and their kernel algorithms (protocol):")
+    print(describe_ops())
     return 0
 
 

@@ -1,6 +1,6 @@
 """The Communicator: validates a call, picks a backend and algorithm, runs it.
 
-API and semantics are a contract (DESIGN.md section 3); see README.md for examples.
+API and semantics are a contract (README.md, API section); structure: docs/architecture.md.
 """
 
 from __future__ import annotations

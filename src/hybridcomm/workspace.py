@@ -26,6 +26,7 @@ import torch.distributed as dist
 from .abi import FLAG_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs, decode_error
 from .groups import Group
 from .layout import GROUP_NAMES, Layout
+from .ops import LL
 
 DEFAULT_AREA_BYTES = 4 << 20
 
@@ -63,7 +64,7 @@ def describe_plan(layout: Layout, area_bytes: int) -> str:
     plan = memory_plan(layout, area_bytes)
     total = sum(p[2] for p in plan)
     lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer, "
-             f"phase and slot; {area_bytes >> 11} KiB of payload per peer and call)"]
+             f"phase and slot; {LL.capacity(area_bytes) >> 10} KiB of LL payload per peer and call)"]
     lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
     return "\n".join(lines)
 
