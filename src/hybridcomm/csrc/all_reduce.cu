@@ -13,21 +13,18 @@
 namespace hc {
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_one_shot(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, int64_t lanes) {
-  const CallCtx cx = begin_call(g, kAllReduce);
+__device__ __forceinline__ void all_reduce_one_shot(const CallCtx& cx, const uint2* __restrict__ in,
+                                                    uint2* __restrict__ out, int64_t lanes) {
   for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) push_to_peers(cx, cx.everyone(), 0, i, in[i]);
   for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) {
-    out[i] = reduce_sources<T>(cx, 0, g.nranks, g.me, 0, i, in[i]);
+    out[i] = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, in[i]);
   }
-  end_call(cx);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_two_shot(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, int64_t lanes) {
-  const CallCtx cx = begin_call(g, kAllReduce);
-  const int n = g.nranks, me = g.me;
+__device__ __forceinline__ void all_reduce_two_shot(const CallCtx& cx, const uint2* __restrict__ in,
+                                                    uint2* __restrict__ out, int64_t lanes) {
+  const int n = cx.g.nranks, me = cx.g.me;
   const int64_t longest = (lanes + n - 1) / n;
   auto chunk_len = [&](int j) { return chunk_begin(lanes, j + 1, n) - chunk_begin(lanes, j, n); };
   // Phase 1: lane i of chunk j goes to rank j.
@@ -51,17 +48,15 @@ __global__ void __launch_bounds__(kThreads)
       if ((received >> s) & 1u) out[chunk_begin(lanes, s, n) + i] = data[s];
     }
   }
-  end_call(cx);
 }
 
 // Two-shot on the bulk protocol: the same two phases, 16-byte units, half the bytes of LL.
 // Block b owns units [b * per_block, (b + 1) * per_block) of every chunk, in both phases, so
 // it only ever waits for the same block of its peers.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_two_shot_bulk(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
-  const CallCtx cx = begin_call(g, kAllReduce);
-  const int n = g.nranks, me = g.me;
+__device__ __forceinline__ void all_reduce_two_shot_bulk(const CallCtx& cx, const uint4* __restrict__ in,
+                                                         uint4* __restrict__ out, int64_t units) {
+  const int n = cx.g.nranks, me = cx.g.me;
   const int64_t longest = (units + n - 1) / n;
   const int64_t per_block = (longest + gridDim.x - 1) / gridDim.x;
   const int64_t lo = blockIdx.x * per_block, hi = min(lo + per_block, longest);
@@ -108,6 +103,19 @@ __global__ void __launch_bounds__(kThreads)
     uint4* from = cx.inbox(1, src);
     for (int64_t u = lo + threadIdx.x; u < min(hi, len); u += blockDim.x) out[begin + u] = take_unit(from + u);
   });
+}
+
+template <typename T, int kAlgorithm>
+__global__ void __launch_bounds__(kThreads)
+    all_reduce(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
+  const CallCtx cx = begin_call(g, kAllReduce);
+  if constexpr (kAlgorithm == kAllReduceOneShot) {
+    all_reduce_one_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
+  } else if constexpr (kAlgorithm == kAllReduceTwoShot) {
+    all_reduce_two_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
+  } else {
+    all_reduce_two_shot_bulk<T>(cx, in, out, units);
+  }
   end_call(cx);
 }
 
@@ -129,13 +137,15 @@ extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const
                  g->area_bytes))
     return (int)cudaErrorInvalidValue;
   const int blocks = blocks_for(per_peer, *g);
+  const auto* x = (const uint4*)in;
+  auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kAllReduceOneShot)
-      all_reduce_one_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, lanes);
+      all_reduce<Elem, kAllReduceOneShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
     else if (algorithm == kAllReduceTwoShot)
-      all_reduce_two_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, lanes);
+      all_reduce<Elem, kAllReduceTwoShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
     else
-      all_reduce_two_shot_bulk<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint4*)in, (uint4*)out, units);
+      all_reduce<Elem, kAllReduceTwoShotBulk><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
   });
   return launch_status();
 }

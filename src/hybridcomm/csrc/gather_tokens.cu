@@ -18,13 +18,6 @@
 
 namespace hc {
 
-__device__ __forceinline__ TokenShape gather_shape(const CallCtx& cx, int tp, const SizesArg& sizes,
-                                                   int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const TokenShape s = token_shape(cx, tp, sizes, row_lanes);
-  check_buffers(cx, s.rc.count[s.d] > in_rows || s.rc.offset[s.dp] > out_rows);
-  return s;
-}
-
 // Lane i to every rank outside my DP group (and to my tp peers too when `with_tp_peers`),
 // into their area `phase` under my index.
 __device__ __forceinline__ void push_lanes(const CallCtx& cx, const TokenShape& s, int phase, bool with_tp_peers,
@@ -52,12 +45,11 @@ __device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenSh
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_one_shot(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
-                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const CallCtx cx = begin_call(g, kGatherTokens);
-  const TokenShape s = gather_shape(cx, tp, sizes, row_lanes, in_rows, out_rows);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenShape& s, int partial,
+                                                const uint2* __restrict__ in, uint2* __restrict__ out,
+                                                const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t my_lanes = s.rc.count[s.d] * row_lanes;
   // Partial rows go to everyone; replicated rows only as my chunk, and only outside my group.
   const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count[s.d], s.t, tp) * row_lanes;
@@ -81,21 +73,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
   }
-  end_call(cx);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_two_shot(GroupArgs g, int tp, const uint2* __restrict__ in, uint2* __restrict__ out,
-                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const CallCtx cx = begin_call(g, kGatherTokens);
-  const TokenShape s = gather_shape(cx, tp, sizes, row_lanes, in_rows, out_rows);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+                                                uint2* __restrict__ out, const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: lane i of chunk t' goes to tp peer t'.
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
-    if (holder != g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+    if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
@@ -108,7 +97,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Phase 2: every chunk summed elsewhere.
   receive_chunked(cx, s, 1, false, out, out_lanes);
-  end_call(cx);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -130,14 +118,12 @@ __device__ __forceinline__ float block_sum(float v, float* warp_sums) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_fused(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
-                        const uint2* __restrict__ residual, const uint2* __restrict__ weight,
-                        uint2* __restrict__ residual_out, float eps, SizesArg sizes, int64_t row_lanes,
-                        int64_t in_rows, int64_t out_rows) {
-  const CallCtx cx = begin_call(g, kGatherTokens);
-  const TokenShape s = gather_shape(cx, tp, sizes, row_lanes, in_rows, out_rows);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape& s, int partial,
+                                             const uint2* __restrict__ in, uint2* __restrict__ out,
+                                             const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                                             uint2* __restrict__ residual_out, float eps, const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: partial rows to my tp peers.
   if (partial) {
@@ -151,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_hidden = 1.0f / (float)(row_lanes * Lane<T>::kN);
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const bool in_bounds = r < in_rows;
+    const bool in_bounds = r < io.in_rows;
     float sumsq = 0.f;
     for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;
@@ -184,6 +170,23 @@ __global__ void __launch_bounds__(kThreads)
   }
   // Phase 2: other groups' normed rows, each from the tp rank whose chunk holds it.
   receive_chunked(cx, s, 1, true, out, out_lanes);
+}
+
+template <typename T, int kAlgorithm>
+__global__ void __launch_bounds__(kThreads)
+    gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
+                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                  uint2* __restrict__ residual_out, float eps, RowsArg io) {
+  const CallCtx cx = begin_call(g, kGatherTokens);
+  const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
+  check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
+  if constexpr (kAlgorithm == kGatherTokensOneShot) {
+    gather_one_shot<T>(cx, s, partial, in, out, io);
+  } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
+    gather_two_shot<T>(cx, s, in, out, io);
+  } else {
+    gather_fused<T>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
+  }
   end_call(cx);
 }
 
@@ -194,7 +197,7 @@ using namespace hc;
 // algorithm: a GatherTokensAlgorithm (abi.h); two-shot takes partial rows only; fused adds the
 // residual and applies RMSNorm.
 // in_rows: rows `in` holds (capacity); out_rows: rows `out` holds. residual, weight,
-// residual_out are used by algorithm 2 only (residual / residual_out hold in_rows rows).
+// residual_out are read by the fused algorithm only (residual / residual_out hold in_rows rows).
 extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, int partial,
                                 const void* in, void* out, const void* residual, const void* weight,
                                 void* residual_out, float eps, const int32_t* sizes_device,
@@ -202,20 +205,22 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
                                 int64_t out_rows, cudaStream_t stream) {
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
     return (int)cudaErrorInvalidValue;
-  const SizesArg sizes = sizes_arg(sizes_device, sizes_host, g->nranks / tp);
-  const int64_t row_lanes = row_bytes / 8;
-  const int blocks = blocks_for(out_rows * row_lanes, *g);
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const int blocks = blocks_for(out_rows * io.row_lanes, *g);
+  const auto* x = (const uint2*)in;
+  auto* y = (uint2*)out;
+  const auto *res = (const uint2*)residual, *w = (const uint2*)weight;
+  auto* res_out = (uint2*)residual_out;
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kGatherTokensOneShot)
-      gather_tokens_one_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, (const uint2*)in, (uint2*)out,
-                                                                    sizes, row_lanes, in_rows, out_rows);
+      gather_tokens<Elem, kGatherTokensOneShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                                 res_out, eps, io);
     else if (algorithm == kGatherTokensTwoShot)
-      gather_tokens_two_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, (const uint2*)in, (uint2*)out, sizes,
-                                                                    row_lanes, in_rows, out_rows);
+      gather_tokens<Elem, kGatherTokensTwoShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                                 res_out, eps, io);
     else
-      gather_tokens_fused<Elem><<<blocks, kThreads, 0, stream>>>(
-          *g, tp, partial, (const uint2*)in, (uint2*)out, (const uint2*)residual, (const uint2*)weight,
-          (uint2*)residual_out, eps, sizes, row_lanes, in_rows, out_rows);
+      gather_tokens<Elem, kGatherTokensFused><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                               res_out, eps, io);
   });
   return launch_status();
 }

@@ -5,6 +5,16 @@
 
 namespace hc {
 
+// A row kernel's geometry: rows per member, 8-byte lanes per row, and the rows each of its
+// buffers holds (its capacity: every access beyond it is skipped).
+struct RowsArg {
+  SizesArg sizes;
+  int64_t row_lanes, in_rows, out_rows;
+
+  __device__ __forceinline__ int64_t in_lanes() const { return in_rows * row_lanes; }
+  __device__ __forceinline__ int64_t out_lanes() const { return out_rows * row_lanes; }
+};
+
 // Row counts and offsets of up to kMaxRanks members.
 struct RowCounts {
   int64_t count[kMaxRanks];
@@ -44,6 +54,16 @@ __device__ __forceinline__ RowCounts load_counts_checked(const CallCtx& cx, cons
 // (the peers still get their packets and nobody waits forever).
 __device__ __forceinline__ void check_buffers(const CallCtx& cx, bool overflow) {
   if (overflow && grid_thread() == 0) cx.fail(kCapacity, cx.g.me);
+}
+
+// Row counts of a group collective, checked against the area and my buffers: a gather reads my
+// rows and writes everyone's; a reduce-scatter reads everyone's and writes mine.
+__device__ __forceinline__ RowCounts group_counts(const CallCtx& cx, const RowsArg& io, bool gather) {
+  const int n = cx.g.nranks, me = cx.g.me;
+  const RowCounts rc = load_counts_checked(cx, io.sizes, n, io.row_lanes);
+  const int64_t mine = rc.count[me], all = rc.offset[n];
+  check_buffers(cx, (gather ? mine : all) > io.in_rows || (gather ? all : mine) > io.out_rows);
+  return rc;
 }
 
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
