@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .layout import Layout
+from .ops import OPS
 
 
 def _default_device() -> str:
@@ -223,7 +224,8 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(fn=cmd_build)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
     ops.add_argument("--world", type=int, default=4)
     ops.add_argument("--device", choices=["cpu", "cuda"], default=None)
     ops.add_argument("--sizes", default=None, help="comma-separated bytes")

@@ -78,15 +78,7 @@ class ReferenceBackend:
         return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
-        counts = list(sizes.values())
-        total = sum(counts)
-        if total > x.shape[0]:
-            raise CapacityExceeded(f"reduce_scatter_v: sizes sum to {total} rows, but the input "
-                                   f"holds only {x.shape[0]}")
-        start = sum(counts[: group.index])
-        parts = gather_rows(x[:total], [total] * group.size, group)
-        mine = sum_in_order([p[start : start + counts[group.index]] for p in parts]).to(x.dtype)
-        return pad_rows(mine, result_rows(sizes, group.index, x.shape[0], gathered=False))
+        return _sum_my_rows(x, sizes, group.index, group, "reduce_scatter_v: sizes")
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
         tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
@@ -106,13 +98,17 @@ class ReferenceBackend:
         return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], gathered=False))
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes: Sizes, algorithm=None) -> torch.Tensor:
-        world, dp = self.groups["world"], self.groups["attn_dp"]
-        counts = list(dp_sizes.values())
-        total = sum(counts)
-        if total > y.shape[0]:
-            raise CapacityExceeded(f"scatter_tokens: dp_sizes sum to {total} rows, but the input "
-                                   f"holds only {y.shape[0]}")
-        start = sum(counts[: dp.index])
-        parts = gather_rows(y[:total], [total] * world.size, world)
-        mine = sum_in_order([p[start : start + counts[dp.index]] for p in parts]).to(y.dtype)
-        return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
+        # Rows of every DP group summed over the whole world: my DP group's slice of them.
+        return _sum_my_rows(y, dp_sizes, self.groups["attn_dp"].index, self.groups["world"], "scatter_tokens: dp_sizes")
+
+
+def _sum_my_rows(x: torch.Tensor, sizes: Sizes, index: int, over: Group, what: str) -> torch.Tensor:
+    """Rows [sum(sizes[:index]), +sizes[index]) of x, summed over the members of `over`."""
+    counts = list(sizes.values())
+    total = sum(counts)
+    if total > x.shape[0]:
+        raise CapacityExceeded(f"{what} sum to {total} rows, but the input holds only {x.shape[0]}")
+    start = sum(counts[:index])
+    parts = gather_rows(x[:total], [total] * over.size, over)
+    mine = sum_in_order([p[start : start + counts[index]] for p in parts]).to(x.dtype)
+    return pad_rows(mine, result_rows(sizes, index, x.shape[0], gathered=False))

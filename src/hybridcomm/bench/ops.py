@@ -1,4 +1,4 @@
-"""`hybridcomm bench ops`: all_reduce / all_gather_v / reduce_scatter_v over the world,
+"""`hybridcomm bench ops`: the group collectives of the op registry over the world,
 message sizes 2 KB - 64 MB, bf16, our kernels and the baselines in the same run.
 
 Columns (µs per call, graph replay, median, max over ranks):
@@ -7,15 +7,16 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_two_shot /
   hc_two_shot_bulk
   nccl, nccl_symm, symm_one_shot, symm_two_shot: baselines (bench/baselines.py)
-Message size: the tensor ops.OPS names (all_reduce input, all_gather_v output,
-reduce_scatter_v input). Forced algorithms run through Communicators built with
-`table=algorithms.forced(...)`; a column is left out where that kernel cannot run the size.
-all_gather_v / reduce_scatter_v move one row of size/world bytes per rank.
+Message size: the tensor ops.OPS names as the op's message. Forced algorithms run through
+Communicators built with `table=algorithms.forced(...)`; a column is left out where that
+kernel cannot run the size.
+The row collectives move one row of size/world bytes per rank.
 On CPU only the reference backend runs (eager wall clock; for development, not speed).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from ..algorithms import forced
 from ..communicator import Communicator
 from ..layout import Layout
 from ..ops import OPS as REGISTRY
+from ..workspace import DEFAULT_AREA_BYTES, describe_plan
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
 
@@ -146,15 +148,13 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
     overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
     return {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
-            "workspace": comm.backends["nvlink"].workspace.describe(),  # what `hybridcomm info` prints
+            "workspace": describe_plan(comm.layout, DEFAULT_AREA_BYTES),  # what `hybridcomm info` prints
             "nccl_symm_note": symm.error, "symm_mem_note": sm.error,
             "records": records, "eager_overhead_us": overhead}
 
 
 def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
     """CPU development path: the reference backend's eager wall clock (not a speed claim)."""
-    import time
-
     n = dist.get_world_size()
     comm = Communicator(Layout(n))
     records = []
@@ -165,12 +165,7 @@ def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
             call = {"all_reduce": lambda: comm.all_reduce(x),
                     "all_gather_v": lambda: comm.all_gather_v(torch.randn(1, numel // n), [1] * n),
                     "reduce_scatter_v": lambda: comm.reduce_scatter_v(torch.randn(n, numel // n), [1] * n)}[op]
-            call()
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(5):
-                call()
-            us = timing.max_over_ranks([(time.perf_counter() - start) * 1e6 / 5])[0]
+            us = timing.max_over_ranks([statistics.median(timing.eager_times(call, 5)[0])])[0]
             records.append({"op": op, "bytes": nbytes, "impl": "reference", "us": us,
                             "busbw_GBps": busbw_gbps(op, nbytes, us, n)})
             if dist.get_rank() == 0:
