@@ -217,8 +217,8 @@ def _relayed(status: int, origin: int, sig: Signature) -> Exception:
     if status == CAPACITY:
         return CapacityExceeded(f"{op}: device-side sizes exceed the capacity (rank {origin} saw it and "
                                 f"says by how much); no rank returned a result")
-    return ArgumentMismatch(f"{op}: the arguments differ across ranks (rank {origin} saw it and names "
-                            f"the argument); no rank returned a result")
+    return ArgumentMismatch(f"{op}: the arguments differ across ranks (rank {origin} found the difference; its "
+                            f"error names the argument); no rank returned a result")
 
 
 def status_of(error: Exception) -> int:
