@@ -70,7 +70,7 @@ class Communicator:
         self.validate = bool(validate)
         self.timeout_s = float(timeout_s)
         self.groups = create_groups(layout, self.rank)
-        self.backends = {"reference": ReferenceBackend(self.groups, self.device)}
+        self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate)}
         self.forced = None if backend == "auto" else backend
         self.table = algorithms.TABLE if table is None else table
         if self.device.type == "cuda":

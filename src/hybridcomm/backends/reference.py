@@ -66,9 +66,13 @@ class Call:
     exchanges, so ranks of other groups that are waiting there raise too instead of hanging.
     """
 
-    def __init__(self, sig: Signature, groups: list[Group], device: torch.device, max_sizes: int):
+    def __init__(self, sig: Signature, groups: list[Group], device: torch.device, max_sizes: int,
+                 headers: bool = True):
         self.sig, self.device, self.max_sizes = sig, device, max_sizes
         self.pending = [g for g in groups if g.size > 1]
+        # Without headers (validate=True agreed already; graph capture cannot read them back)
+        # the exchanges go straight to the data.
+        self.headers = headers and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
     def agree(self, group: Group) -> None:
         if group.size == 1:
@@ -77,7 +81,7 @@ class Call:
             raise AssertionError(f"reference backend: exchange over {group.name!r} is not in the op's "
                                  f"declared sequence {[g.name for g in self.pending]}")
         self.pending.pop(0)
-        found = self._exchange(group, OK, 0)
+        found = self._exchange(group, OK, 0) if self.headers else None
         if found is not None:
             status, origin, error = found
             self.abandon(status, origin)
@@ -101,8 +105,8 @@ class Call:
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, groups: dict[str, Group], device: torch.device | None = None):
-        self.groups = groups
+    def __init__(self, groups: dict[str, Group], device: torch.device | None = None, headers: bool = True):
+        self.groups, self.headers = groups, headers
         self.device = torch.device("cpu") if device is None else device
         self.me = groups["world"].index
 
@@ -117,7 +121,8 @@ class ReferenceBackend:
         self._call(rejected(op), group).abandon(status_of(error), self.me)
 
     def _call(self, sig: Signature, group: Group) -> Call:
-        return Call(sig, self.exchange_groups(OPS[sig.op], group), self.device, self.groups["world"].size)
+        return Call(sig, self.exchange_groups(OPS[sig.op], group), self.device, self.groups["world"].size,
+                    self.headers)
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
         call = self._call(describe_call("all_reduce", group.name, x), group)
