@@ -142,3 +142,89 @@ def test_capacity_overflow_then_the_same_call_with_counts_that_fit(pool):
 
 def test_argument_mismatch_is_a_value_error_and_a_hybridcomm_error():
     assert issubclass(ArgumentMismatch, ValueError) and issubclass(ArgumentMismatch, HybridCommError)
+
+
+# -- lifetime ---------------------------------------------------------------------------------
+CLOSED_CALLS = {
+    "all_reduce": lambda c, r: c.all_reduce(_x(r, 2, 4)),
+    "all_gather_v": lambda c, r: c.all_gather_v(_x(r, 1, 4), [1, 1]),
+    "reduce_scatter_v": lambda c, r: c.reduce_scatter_v(_x(r, 2, 4), [1, 1]),
+    "gather_tokens": lambda c, r: c.gather_tokens(_x(r, 1, 4), [1, 1]),
+    "scatter_tokens": lambda c, r: c.scatter_tokens(_x(r, 2, 4), [1, 1]),
+}
+
+
+def _use_after_close(validate):
+    import torch.distributed as dist
+    import hybridcomm as hc
+    rank = dist.get_rank()
+    with hc.Communicator(hc.Layout(2), validate=validate) as comm:
+        before = comm.all_reduce(torch.ones(2, 4))
+    comm.close()  # a second close is harmless
+    raised = {}
+    for name, call in CLOSED_CALLS.items():
+        try:
+            call(comm, rank)
+            raised[name] = None
+        except hc.CommunicatorClosed as e:
+            raised[name] = str(e)
+    return bool(torch.equal(before, torch.full((2, 4), 2.0))), raised, "closed" in repr(comm)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_closed_communicator_raises_on_every_op(pool, validate):
+    for worked, raised, shown in pool(2).run(_use_after_close, validate, timeout=60):
+        assert worked and shown
+        for name, message in raised.items():
+            assert message is not None and name in message and "was closed" in message, (name, message)
+
+
+def _closed_on_one_rank(validate):
+    import torch.distributed as dist
+    import hybridcomm as hc
+    rank = dist.get_rank()
+    comm = hc.Communicator(hc.Layout(2), validate=validate)
+    if rank == 1:
+        comm.close()
+    try:
+        comm.gather_tokens(_x(rank, 1, 4), [1, 1])
+        return None
+    except Exception as e:
+        return type(e).__name__, str(e)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_rank_that_closed_early_makes_its_peers_raise_instead_of_wait(pool, validate):
+    out = pool(2).run(_closed_on_one_rank, validate, timeout=60)
+    assert out[1][0] == "CommunicatorClosed"
+    assert out[0] is not None and "rank 1 rejected its arguments" in out[0][1]
+
+
+def _workspace_released(n):
+    import torch.distributed as dist
+    import hybridcomm as hc
+    comm = hc.Communicator(hc.Layout(n))
+    nvlink = comm.backends["nvlink"]
+    total = nvlink.workspace.total_bytes
+    comm.all_reduce(torch.ones(8, 64, device=comm.device))
+    torch.cuda.synchronize()
+    dist.barrier()
+    free_before = torch.cuda.mem_get_info()[0]
+    comm.close()
+    torch.cuda.synchronize()
+    dist.barrier()  # peers unmap their views of this rank's buffer when they close too
+    free_after = torch.cuda.mem_get_info()[0]
+    return total, free_after - free_before, nvlink.handles, nvlink.workspace.args
+
+
+@pytest.mark.timeout(300)
+def test_close_releases_the_nvlink_workspace(pool):
+    from conftest import gpu_count
+    if gpu_count() < 2:
+        pytest.skip(f"needs 2 CUDA GPUs, found {gpu_count()}")
+    n = min(gpu_count(), 4)
+    for total, freed, handles, args in pool(n, "cuda").run(_workspace_released, n, timeout=240):
+        assert total > 0 and handles == {} and args == {}
+        assert freed >= 0.9 * total, f"close() freed {freed} of the {total}-byte workspace"

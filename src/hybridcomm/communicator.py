@@ -14,6 +14,7 @@ from . import algorithms
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.reference import ReferenceBackend
+from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
@@ -70,6 +71,7 @@ class Communicator:
         self.validate = bool(validate)
         self.timeout_s = float(timeout_s)
         self.groups = create_groups(layout, self.rank)
+        self.closed = False
         self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate)}
         self.forced = None if backend == "auto" else backend
         self.table = algorithms.TABLE if table is None else table
@@ -167,9 +169,35 @@ class Communicator:
         backend, algorithm = self._select("scatter_tokens", world, y.numel() * y.element_size(), y, s)
         return backend.scatter_tokens(y, s, algorithm)
 
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release this rank's nvlink workspace now (symmetric memory, pinned error mirror,
+        kernel handles) instead of when the object is garbage collected; waits for this
+        rank's queued work first. Idempotent and local (no communication): call it on every
+        rank after its last op. Every later op raises hc.CommunicatorClosed (on the CPU path
+        after telling its peers, which raise too)."""
+        if self.closed:
+            return
+        nvlink = self.backends.get("nvlink")
+        if nvlink is not None:
+            torch.cuda.synchronize(self.device)  # our kernels still use the buffers
+            nvlink.close()
+        # The reference backend holds no memory; it stays so that a closed rank can still
+        # tell its peers (header exchange) that it will not take part.
+        self.backends = {"reference": self.backends["reference"]}
+        self.closed = True
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def check_errors(self) -> None:
         """Wait for this rank's queued kernels, then raise PeerTimeout (or another error)
         if one of them recorded a failure."""
+        if self.closed:
+            return
         nvlink = self.backends.get("nvlink")
         if nvlink is not None:
             torch.cuda.synchronize(self.device)
@@ -213,8 +241,11 @@ class Communicator:
         g = result = error = None
         try:
             g = self._group(group)
+            if self.closed:
+                raise CommunicatorClosed(f"{op}: this Communicator (rank {self.rank}, {self.layout.name}) was "
+                                         f"closed; create a new one")
             result = check(g)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, CommunicatorClosed) as e:
             error = e
         if self.validate and self.layout.world_size > 1 and not self._capturing():
             self._agree(op, None if error else signature(g, result), error)
@@ -275,4 +306,4 @@ class Communicator:
 
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, layout={self.layout.name}, device={self.device}, "
-                f"backends={sorted(self.backends)})")
+                f"backends={sorted(self.backends)}{', closed' if self.closed else ''})")

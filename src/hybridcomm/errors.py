@@ -20,6 +20,10 @@ class PeerTimeout(HybridCommError):
         )
 
 
+class CommunicatorClosed(HybridCommError):
+    """An op on a Communicator after its close()."""
+
+
 class CapacityExceeded(HybridCommError):
     """Sizes read on the device asked for more rows than the buffers passed can hold."""
 

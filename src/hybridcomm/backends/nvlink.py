@@ -99,6 +99,13 @@ class NvlinkBackend:
         return torch.ops.hybridcomm.scatter_tokens(y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
                                                    self.layout.attn_tp, kernels.SCATTER_TOKENS[algorithm], out_rows)
 
+    def close(self) -> None:
+        """Release the workspace now; the caller has synchronised the device."""
+        for handle in self.handles.values():
+            kernels.release_group(handle)
+        self.handles = {}
+        self.workspace.close()
+
     # -- errors ------------------------------------------------------------------------------
     def raise_recorded_error(self) -> None:
         if not self.workspace.args:
