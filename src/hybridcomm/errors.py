@@ -20,5 +20,15 @@ class PeerTimeout(HybridCommError):
         )
 
 
+class CommunicatorClosed(HybridCommError):
+    """An op on a Communicator after its close()."""
+
+
 class CapacityExceeded(HybridCommError):
     """Sizes read on the device asked for more rows than the buffers passed can hold."""
+
+
+class ArgumentMismatch(HybridCommError, ValueError):
+    """Arguments that must agree across the ranks of a call do not (or a peer rejected its own).
+
+    Raised on every rank of the call, naming the argument and the ranks that differ."""

@@ -24,6 +24,12 @@ def register_group(lib: ctypes.CDLL, args: GroupArgs) -> int:
     return len(_groups) - 1
 
 
+def release_group(handle: int) -> None:
+    """Forget a handle's GroupArgs (its peer pointers die with the workspace). Handles are
+    indices, so the slot stays (None): a stale handle then fails loudly, never reuses memory."""
+    _groups[handle] = None
+
+
 def _new(shape, like: torch.Tensor) -> torch.Tensor:
     if poison_outputs:
         return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)

@@ -132,6 +132,16 @@ class Workspace:
         dist.barrier(group=world)
         return [int(p) for p in self.handle.buffer_ptrs]
 
+    def close(self) -> None:
+        """Drop every reference to the workspace's memory: the symmetric buffer and its
+        rendezvous handle (peers' mappings), the error word and its pinned mirror, the
+        per-region states. The caller synchronised the device first."""
+        for name in ("buffer", "handle", "error_word", "error_mirror", "_error_view", "states"):
+            if hasattr(self, name):
+                delattr(self, name)
+        self.args, self.keys, self.total_bytes = {}, {}, 0
+        self.blocker = "the communicator was closed"
+
     def recorded_error(self):
         """The error the kernels recorded (abi.RecordedError), or None."""
         word = int(self._error_view[0])

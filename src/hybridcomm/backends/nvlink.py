@@ -104,6 +104,13 @@ class NvlinkBackend:
         other = OPS[op].reduces_to["attn_tp"]
         return getattr(self, other)(x, dp_sizes, self.groups["world"], OPS[other].algorithms[0].name)
 
+    def close(self) -> None:
+        """Release the workspace now; the caller has synchronised the device."""
+        for handle in self.handles.values():
+            kernels.release_group(handle)
+        self.handles = {}
+        self.workspace.close()
+
     # -- errors ------------------------------------------------------------------------------
     def raise_recorded_error(self) -> None:
         if not self.workspace.args:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..agreement import (OK, OPS, Signature, decode, describe_call, encode, exchange, rejected,
+                         status_of, verdict)
 from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
@@ -54,36 +56,95 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return out
 
 
-def host_counts(sizes: Sizes, index: int, available_rows: int, what: str) -> list[int]:
-    counts = list(sizes.values())
-    if sizes.on_device and counts[index] > available_rows:
-        raise CapacityExceeded(f"{what}: sizes[{index}] = {counts[index]} rows, but the input "
-                               f"holds only {available_rows}")
-    return counts
+class Call:
+    """One op's sequence of exchanges, each headed by the call's signature.
+
+    Before any data moves over a group, its members all-gather their signatures
+    (hybridcomm.agreement): differing dtypes, trailing shapes, rows or sizes would make
+    gloo abort on mismatched byte counts or return garbage; instead every rank raises the
+    same exception. A rank that fails passes its failure on through the op's remaining
+    exchanges, so ranks of other groups that are waiting there raise too instead of hanging.
+    """
+
+    def __init__(self, sig: Signature, groups: list[Group], device: torch.device, max_sizes: int,
+                 headers: bool = True):
+        self.sig, self.device, self.max_sizes = sig, device, max_sizes
+        self.pending = [g for g in groups if g.size > 1]
+        # Without headers (validate=True agreed already; graph capture cannot read them back)
+        # the exchanges go straight to the data.
+        self.headers = headers and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+    def agree(self, group: Group) -> None:
+        if group.size == 1:
+            return
+        if not self.pending or self.pending[0].name != group.name:
+            raise AssertionError(f"reference backend: exchange over {group.name!r} is not in the op's "
+                                 f"declared sequence {[g.name for g in self.pending]}")
+        self.pending.pop(0)
+        found = self._exchange(group, OK, 0) if self.headers else None
+        if found is not None:
+            status, origin, error = found
+            self.abandon(status, origin)
+            raise error
+
+    def gather(self, x: torch.Tensor, counts: list[int], group: Group) -> list[torch.Tensor]:
+        self.agree(group)
+        return gather_rows(x, counts, group)
+
+    def abandon(self, status: int, origin: int) -> None:
+        """Tell the remaining exchanges' members that this call failed (status, origin)."""
+        while self.pending:
+            self._exchange(self.pending.pop(0), status, origin)
+
+    def _exchange(self, group: Group, status: int, origin: int):
+        row = encode(self.sig, self.max_sizes, status, origin)
+        rows = [decode(r, self.max_sizes) for r in exchange(row, group.pg, group.size, self.device)]
+        return verdict(rows, list(group.ranks), {r: group.ranks for r in group.ranks})
 
 
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, groups: dict[str, Group]):
-        self.groups = groups
+    def __init__(self, groups: dict[str, Group], device: torch.device | None = None, headers: bool = True):
+        self.groups, self.headers = groups, headers
+        self.device = torch.device("cpu") if device is None else device
+        self.me = groups["world"].index
+
+    def exchange_groups(self, op: str, group: Group) -> list[Group]:
+        """The groups an op exchanges over, in order (the same for every call of the op)."""
+        g = self.groups
+        return {"gather_tokens": [g["attn_tp"], g["attn_dp"]], "scatter_tokens": [g["world"]]}.get(op, [group])
+
+    def reject(self, op: str, group: Group, error: Exception) -> None:
+        """This rank's local checks failed: take part in the op's exchanges with a failure
+        status (so its peers raise instead of waiting), then let the caller raise `error`."""
+        self._call(rejected(op), group).abandon(status_of(error), self.me)
+
+    def _call(self, sig: Signature, group: Group) -> Call:
+        return Call(sig, self.exchange_groups(OPS[sig.op], group), self.device, self.groups["world"].size,
+                    self.headers)
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
-        parts = gather_rows(x, [x.shape[0]] * group.size, group)
+        call = self._call(describe_call("all_reduce", group.name, x), group)
+        parts = call.gather(x, [x.shape[0]] * group.size, group)
         return sum_in_order(parts).to(x.dtype)
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
-        counts = host_counts(sizes, group.index, x.shape[0], "all_gather_v")
-        out = torch.cat(gather_rows(x, counts, group))
+        sig = describe_call("all_gather_v", group.name, x, sizes)
+        out = torch.cat(self._call(sig, group).gather(x, list(sig.sizes), group))
         return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
-        return _sum_my_rows(x, sizes, group.index, group, "reduce_scatter_v: sizes")
+        sig = describe_call("reduce_scatter_v", group.name, x, sizes)
+        return _sum_my_rows(x, sig, sizes, group.index, group, self._call(sig, group))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
-        tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
-        counts = host_counts(dp_sizes, dp.index, x.shape[0], "gather_tokens")
+        tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
+        sig = describe_call("gather_tokens", world.name, x, dp_sizes, partial, fusion)
+        call = self._call(sig, world)
+        counts = list(sig.sizes)
         mine = x[: counts[dp.index]]
+        call.agree(tp)  # also when not partial: every rank must make the same exchanges
         reduced = sum_in_order(gather_rows(mine, [mine.shape[0]] * tp.size, tp)) if partial else mine
         residual_out = None
         if fusion is None:
@@ -91,24 +152,23 @@ class ReferenceBackend:
         else:
             send, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]],
                                               fusion.weight, fusion.eps)
-        out = pad_rows(torch.cat(gather_rows(send, counts, dp)),
+        out = pad_rows(torch.cat(call.gather(send, counts, dp)),
                        result_rows(dp_sizes, dp.index, x.shape[0], gathered=True))
         if fusion is None:
             return out
         return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], gathered=False))
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes: Sizes, algorithm=None) -> torch.Tensor:
+        world = self.groups["world"]
+        sig = describe_call("scatter_tokens", world.name, y, dp_sizes)
         # Rows of every DP group summed over the whole world: my DP group's slice of them.
-        return _sum_my_rows(y, dp_sizes, self.groups["attn_dp"].index, self.groups["world"], "scatter_tokens: dp_sizes")
+        return _sum_my_rows(y, sig, dp_sizes, self.groups["attn_dp"].index, world, self._call(sig, world))
 
 
-def _sum_my_rows(x: torch.Tensor, sizes: Sizes, index: int, over: Group, what: str) -> torch.Tensor:
+def _sum_my_rows(x: torch.Tensor, sig: Signature, sizes: Sizes, index: int, over: Group, call: Call) -> torch.Tensor:
     """Rows [sum(sizes[:index]), +sizes[index]) of x, summed over the members of `over`."""
-    counts = list(sizes.values())
-    total = sum(counts)
-    if total > x.shape[0]:
-        raise CapacityExceeded(f"{what} sum to {total} rows, but the input holds only {x.shape[0]}")
-    start = sum(counts[:index])
-    parts = gather_rows(x[:total], [total] * over.size, over)
+    counts = list(sig.sizes)
+    total, start = sum(counts), sum(counts[:index])
+    parts = call.gather(x[:total], [total] * over.size, over)
     mine = sum_in_order([p[start : start + counts[index]] for p in parts]).to(x.dtype)
     return pad_rows(mine, result_rows(sizes, index, x.shape[0], gathered=False))

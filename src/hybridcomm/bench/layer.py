@@ -221,8 +221,10 @@ def format_layer_table(results) -> str:
     """A plain text table (nccl-tests style) of `bench_layer`'s dict, or of a list of
     `run_layer_bench` dicts."""
     runs = results["results"] if isinstance(results, dict) else results
-    header = (f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} {'speed-up':>9} "
-              f"{'max abs err':>12} {'max rel err':>12}")
+    # A speed-up needs a second backend in the run.
+    speedups = any(len(run["backends"]) > 1 for run in runs)
+    header = (f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} "
+              + (f"{'speed-up':>9} " if speedups else "") + f"{'max abs err':>12} {'max rel err':>12}")
     lines = [header, "-" * len(header)]
     for run in runs:
         first = run["backends"][0]["step_us"] if run["backends"] else None
@@ -230,5 +232,6 @@ def format_layer_table(results) -> str:
         for b in run["backends"]:
             speedup = first / b["step_us"] if first and b["step_us"] else float("nan")
             lines.append(f"{run['layout']:<18} {tokens:>12} {b['backend']:>12} {b['step_us']:>10.1f} "
-                         f"{speedup:>8.2f}x {b['max_abs_error']:>12.3g} {b.get('max_rel_error', float('nan')):>12.3g}")
+                         + (f"{speedup:>8.2f}x " if speedups else "")
+                         + f"{b['max_abs_error']:>12.3g} {b.get('max_rel_error', float('nan')):>12.3g}")
     return "\n".join(lines)
