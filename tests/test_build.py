@@ -58,9 +58,26 @@ def test_group_args_layout_and_error_packing_match_the_header(tmp_path):
     fields = [name for name, _ in abi.GroupArgs._fields_]
     body = "\n".join([f'  printf("size %zu\\n", sizeof(hc::GroupArgs));']
                      + [f'  printf("{f} %zu\\n", offsetof(hc::GroupArgs, {f}));' for f in fields]
-                     + ['  printf("packed %llu\\n", hc::pack_error(hc::kCapacity, hc::kScatterTokens, 3, 7));'])
+                     + ['  printf("packed %llu\\n", hc::pack_error(hc::kArgumentMismatch, hc::kScatterTokens, 3, 7,'
+                        ' hc::kFieldCounts));'])
     got = dict(line.split() for line in run_probe(tmp_path, body) if line)
     expected = {"size": abi.ctypes.sizeof(abi.GroupArgs), **{f: getattr(abi.GroupArgs, f).offset for f in fields}}
     assert {k: int(v) for k, v in got.items() if k != "packed"} == expected
-    assert abi.decode_error(int(got["packed"])) == abi.RecordedError(abi.ErrorCode.CAPACITY,
-                                                                     abi.OpCode.SCATTER_TOKENS, 3, 7)
+    assert abi.decode_error(int(got["packed"])) == abi.RecordedError(
+        abi.ErrorCode.ARGUMENT_MISMATCH, abi.OpCode.SCATTER_TOKENS, 3, 7, abi.CallField.COUNTS)
+
+
+@pytest.mark.timeout(300)
+def test_fingerprints_name_the_first_field_that_differs(tmp_path):
+    # One fingerprint, then one field changed at a time, most telling field first.
+    base = "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)"
+    changed = {abi.CallField.OP: "hc::make_fingerprint(hc::kScatterTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)",
+               abi.CallField.DTYPE: "hc::make_fingerprint(hc::kGatherTokens, hc::kFloat32, 1, 3, 0xbeef, 16384)",
+               abi.CallField.ALGORITHM: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 0, 3, 0xbeef, 8192)",
+               abi.CallField.VARIANT: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 11, 0xbeef, 8192)",
+               abi.CallField.COUNTS: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeee, 8192)",
+               abi.CallField.WIDTH: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 4096)"}
+    body = "\n".join([f'  printf("same %d\\n", hc::first_difference({base}, {base}));']
+                     + [f'  printf("{f.name} %d\\n", hc::first_difference({base}, {c}));' for f, c in changed.items()])
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    assert {k: int(v) for k, v in got.items()} == {"same": 0, **{f.name: int(f) for f in changed}}

@@ -22,3 +22,22 @@ class PeerTimeout(HybridCommError):
 
 class CapacityExceeded(HybridCommError):
     """Sizes read on the device asked for more rows than the buffers passed can hold."""
+
+
+class ArgumentMismatch(HybridCommError, ValueError):
+    """A peer's call differed from this rank's: another op (a skipped or reordered call), dtype,
+    algorithm, attn_tp / partial, row counts or row width. Found on the device, at no cost to
+    calls that agree, by every rank that received the call; raised by the next host call (or
+    `Communicator.check_errors()`, which synchronises, so every rank raises at the same point).
+
+    That call's output is not valid (every access stayed within its buffers); calls queued
+    after it before the error was raised ran normally. The communicator stays usable.
+    """
+
+    def __init__(self, op: str, group: str, peer: int, field: str):
+        self.op, self.group, self.peer, self.field = op, group, peer, field
+        super().__init__(
+            f"{op} on group {group!r}: rank {peer}'s call differs from this rank's in its {self.field}; "
+            f"every rank of a group must make the same calls in the same order with the same dtype, "
+            f"row width and sizes. That call's output is not valid; the communicator stays usable."
+        )
