@@ -81,3 +81,24 @@ def test_fingerprints_name_the_first_field_that_differs(tmp_path):
                      + [f'  printf("{f.name} %d\\n", hc::first_difference({base}, {c}));' for f, c in changed.items()])
     got = dict(line.split() for line in run_probe(tmp_path, body) if line)
     assert {k: int(v) for k, v in got.items()} == {"same": 0, **{f.name: int(f) for f in changed}}
+
+
+def test_launcher_signatures_in_abi_py_match_the_sources():
+    """Every extern "C" launcher of csrc/*.cu has the argument types abi.SIGNATURES gives ctypes
+    (a mismatch would pass garbage to a kernel, not fail)."""
+    c_types = {"int": abi.ctypes.c_int, "int64_t": abi.ctypes.c_int64, "float": abi.ctypes.c_float,
+               "GroupArgs*": abi.ctypes.POINTER(abi.GroupArgs), "cudaStream_t": abi.ctypes.c_void_p}
+    found = {}
+    for source in build.sources():
+        text = re.sub(r"//[^\n]*", "", source.read_text())
+        for name, params in re.findall(r'extern\s+"C"\s+int\s+(hc_\w+)\s*\(([^)]*)\)', text):
+            types = []
+            for param in params.split(","):
+                words = param.replace("*", " * ").split()[:-1]  # drop the parameter name
+                words = [w for w in words if w != "const"]
+                spelled = "".join(words) if words[0] == "GroupArgs" else " ".join(words)
+                types.append(c_types.get(spelled, abi.ctypes.c_void_p if "*" in words else None))
+            found[name] = types
+    assert set(found) == set(abi.SIGNATURES)
+    for name, types in found.items():
+        assert types == abi.SIGNATURES[name], name
