@@ -31,7 +31,10 @@ class ArgumentMismatch(HybridCommError, ValueError):
     `Communicator.check_errors()`, which synchronises, so every rank raises at the same point).
 
     That call's output is not valid (every access stayed within its buffers); calls queued
-    after it before the error was raised ran normally. The communicator stays usable.
+    after it before the error was raised ran normally. The communicator stays usable when the
+    ranks raise at the same call, which `check_errors()` guarantees; raised by an ordinary call,
+    the host check races with the kernel, and a peer that went on into that call waits for this
+    rank until it raises PeerTimeout.
     """
 
     def __init__(self, op: str, group: str, peer: int, field: str):
@@ -39,5 +42,6 @@ class ArgumentMismatch(HybridCommError, ValueError):
         super().__init__(
             f"{op} on group {group!r}: rank {peer}'s call differs from this rank's in its {self.field}; "
             f"every rank of a group must make the same calls in the same order with the same dtype, "
-            f"row width and sizes. That call's output is not valid; the communicator stays usable."
+            f"row width and sizes. That call's output is not valid; the communicator stays usable "
+            f"when every rank raised at the same call (check_errors() makes sure)."
         )
