@@ -24,7 +24,7 @@ for stage in $stages; do
   case $stage in
     info) run info python3 -m hybridcomm info --layout dp2xtp2 ;;
     build) run build python3 -m hybridcomm build ;;
-    test) run test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 tests/test_gpu.py ;;
+    test) run test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 tests/test_gpu.py tests/test_gpu_agreement.py ;;
     check) run check python3 -m hybridcomm check --world 4 --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world 4 --out "$LOGS/ops_4xH200.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --out "$LOGS/transitions_4xH200.json" ;;

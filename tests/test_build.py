@@ -58,9 +58,47 @@ def test_group_args_layout_and_error_packing_match_the_header(tmp_path):
     fields = [name for name, _ in abi.GroupArgs._fields_]
     body = "\n".join([f'  printf("size %zu\\n", sizeof(hc::GroupArgs));']
                      + [f'  printf("{f} %zu\\n", offsetof(hc::GroupArgs, {f}));' for f in fields]
-                     + ['  printf("packed %llu\\n", hc::pack_error(hc::kCapacity, hc::kScatterTokens, 3, 7));'])
+                     + ['  printf("packed %llu\\n", hc::pack_error(hc::kArgumentMismatch, hc::kScatterTokens, 3, 7,'
+                        ' hc::kFieldCounts));'])
     got = dict(line.split() for line in run_probe(tmp_path, body) if line)
     expected = {"size": abi.ctypes.sizeof(abi.GroupArgs), **{f: getattr(abi.GroupArgs, f).offset for f in fields}}
     assert {k: int(v) for k, v in got.items() if k != "packed"} == expected
-    assert abi.decode_error(int(got["packed"])) == abi.RecordedError(abi.ErrorCode.CAPACITY,
-                                                                     abi.OpCode.SCATTER_TOKENS, 3, 7)
+    assert abi.decode_error(int(got["packed"])) == abi.RecordedError(
+        abi.ErrorCode.ARGUMENT_MISMATCH, abi.OpCode.SCATTER_TOKENS, 3, 7, abi.CallField.COUNTS)
+
+
+@pytest.mark.timeout(300)
+def test_fingerprints_name_the_first_field_that_differs(tmp_path):
+    # One fingerprint, then one field changed at a time, most telling field first.
+    base = "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)"
+    changed = {abi.CallField.OP: "hc::make_fingerprint(hc::kScatterTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)",
+               abi.CallField.DTYPE: "hc::make_fingerprint(hc::kGatherTokens, hc::kFloat32, 1, 3, 0xbeef, 16384)",
+               abi.CallField.ALGORITHM: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 0, 3, 0xbeef, 8192)",
+               abi.CallField.VARIANT: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 11, 0xbeef, 8192)",
+               abi.CallField.COUNTS: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeee, 8192)",
+               abi.CallField.WIDTH: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 4096)"}
+    body = "\n".join([f'  printf("same %d\\n", hc::first_difference({base}, {base}));']
+                     + [f'  printf("{f.name} %d\\n", hc::first_difference({base}, {c}));' for f, c in changed.items()])
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    assert {k: int(v) for k, v in got.items()} == {"same": 0, **{f.name: int(f) for f in changed}}
+
+
+def test_launcher_signatures_in_abi_py_match_the_sources():
+    """Every extern "C" launcher of csrc/*.cu has the argument types abi.SIGNATURES gives ctypes
+    (a mismatch would pass garbage to a kernel, not fail)."""
+    c_types = {"int": abi.ctypes.c_int, "int64_t": abi.ctypes.c_int64, "float": abi.ctypes.c_float,
+               "GroupArgs*": abi.ctypes.POINTER(abi.GroupArgs), "cudaStream_t": abi.ctypes.c_void_p}
+    found = {}
+    for source in build.sources():
+        text = re.sub(r"//[^\n]*", "", source.read_text())
+        for name, params in re.findall(r'extern\s+"C"\s+int\s+(hc_\w+)\s*\(([^)]*)\)', text):
+            types = []
+            for param in params.split(","):
+                words = param.replace("*", " * ").split()[:-1]  # drop the parameter name
+                words = [w for w in words if w != "const"]
+                spelled = "".join(words) if words[0] == "GroupArgs" else " ".join(words)
+                types.append(c_types.get(spelled, abi.ctypes.c_void_p if "*" in words else None))
+            found[name] = types
+    assert set(found) == set(abi.SIGNATURES)
+    for name, types in found.items():
+        assert types == abi.SIGNATURES[name], name

@@ -18,7 +18,7 @@ import torch
 MAX_RANKS = 8
 THREADS = 512
 MAX_BLOCKS = 256
-ARRIVAL_BYTES = 256
+ARRIVAL_BYTES = 2 * MAX_RANKS * 16  # one LL arrival packet per (slot, source)
 FLAG_BYTES = ARRIVAL_BYTES + 2 * MAX_RANKS * MAX_BLOCKS * 4
 STATE_WORDS = 4
 ROW_ALIGN_BYTES = 16  # rows (and all_reduce messages) are a multiple of this
@@ -67,11 +67,29 @@ class ErrorCode(IntEnum):
     OK = 0
     TIMEOUT = 1
     CAPACITY = 2
+    ARGUMENT_MISMATCH = 3
 
 
-# -- the error word: code | op << 8 | group << 16 | global rank of the peer << 24 -------------
-ERROR_OP_SHIFT, ERROR_GROUP_SHIFT, ERROR_PEER_SHIFT = 8, 16, 24
+# -- the error word: code | op << 8 | group << 16 | peer's global rank << 24 | detail << 40 ----
+ERROR_OP_SHIFT, ERROR_GROUP_SHIFT, ERROR_PEER_SHIFT, ERROR_DETAIL_SHIFT = 8, 16, 24, 40
 ERROR_FIELD_MASK, ERROR_PEER_MASK = 0xFF, 0xFFFF
+
+
+class CallField(IntEnum):
+    """The part of a call's fingerprint that differs (the detail of ARGUMENT_MISMATCH)."""
+
+    OP = 1
+    DTYPE = 2
+    ALGORITHM = 3
+    VARIANT = 4  # attn_tp / partial of a token transition
+    COUNTS = 5
+    WIDTH = 6  # row bytes (all_reduce: message bytes)
+
+
+# The fingerprint's layout (csrc/abi.h make_fingerprint; only the device builds fingerprints).
+FINGERPRINT_OP_SHIFT, FINGERPRINT_DTYPE_SHIFT, FINGERPRINT_ALGORITHM_SHIFT = 60, 56, 52
+FINGERPRINT_VARIANT_SHIFT, FINGERPRINT_COUNTS_SHIFT = 48, 32
+OTHER_DTYPE = 15  # a dtype the kernels do not reduce (all_gather_v moves any)
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,7 @@ class RecordedError:
     op: int  # an OpCode
     group: int  # index into layout.GROUP_NAMES
     peer: int  # global rank the error is about
+    detail: int = 0  # ARGUMENT_MISMATCH: the CallField that differs
 
 
 def decode_error(word: int) -> RecordedError:
@@ -87,12 +106,16 @@ def decode_error(word: int) -> RecordedError:
     return RecordedError(ErrorCode(code) if code in ErrorCode._value2member_map_ else code,
                          (word >> ERROR_OP_SHIFT) & ERROR_FIELD_MASK,
                          (word >> ERROR_GROUP_SHIFT) & ERROR_FIELD_MASK,
-                         (word >> ERROR_PEER_SHIFT) & ERROR_PEER_MASK)
+                         (word >> ERROR_PEER_SHIFT) & ERROR_PEER_MASK,
+                         (word >> ERROR_DETAIL_SHIFT) & ERROR_FIELD_MASK)
 
 
-def _c_enum(prefix: str, enum: type[IntEnum]) -> dict[str, int]:
-    """C names of an enum's members: AllReduceAlgorithm.TWO_SHOT_BULK -> kAllReduceTwoShotBulk."""
-    return {"k" + prefix + "".join(w.capitalize() for w in m.name.split("_")): int(m) for m in enum}
+def _c_enum(prefix: str, enum: type[IntEnum], spelled: dict[str, str] | None = None) -> dict[str, int]:
+    """C names of an enum's members: AllReduceAlgorithm.TWO_SHOT_BULK -> kAllReduceTwoShotBulk
+    (`spelled`: member name -> its C spelling where capitalising words is not it)."""
+    spelled = spelled or {}
+    return {"k" + prefix + spelled.get(m.name, "".join(w.capitalize() for w in m.name.split("_"))): int(m)
+            for m in enum}
 
 
 # Every constant and enum value of abi.h, by its C name (the build test probes each).
@@ -101,11 +124,15 @@ C_NAMES: dict[str, int] = {
     "kFlagBytes": FLAG_BYTES, "kStateWords": STATE_WORDS, "kRowAlignBytes": ROW_ALIGN_BYTES,
     "kLLUnitBytes": LL_UNIT_BYTES, "kLLWireFactor": LL_WIRE_FACTOR,
     "kBulkUnitBytes": BULK_UNIT_BYTES, "kBulkWireFactor": BULK_WIRE_FACTOR,
-    **_c_enum("", OpCode), "kFloat32": DType.FLOAT32, "kFloat16": DType.FLOAT16, "kBFloat16": DType.BFLOAT16,
+    **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
     "kErrorOpShift": ERROR_OP_SHIFT, "kErrorGroupShift": ERROR_GROUP_SHIFT, "kErrorPeerShift": ERROR_PEER_SHIFT,
-    "kErrorFieldMask": ERROR_FIELD_MASK, "kErrorPeerMask": ERROR_PEER_MASK,
+    "kErrorDetailShift": ERROR_DETAIL_SHIFT, "kErrorFieldMask": ERROR_FIELD_MASK, "kErrorPeerMask": ERROR_PEER_MASK,
+    **_c_enum("Field", CallField, {"DTYPE": "DType"}),
+    "kFingerprintOpShift": FINGERPRINT_OP_SHIFT, "kFingerprintDTypeShift": FINGERPRINT_DTYPE_SHIFT,
+    "kFingerprintAlgorithmShift": FINGERPRINT_ALGORITHM_SHIFT, "kFingerprintVariantShift": FINGERPRINT_VARIANT_SHIFT,
+    "kFingerprintCountsShift": FINGERPRINT_COUNTS_SHIFT, "kOtherDType": OTHER_DTYPE,
     "kCalls": 0, "kBlocksDone": 1, "kAborted": 2,  # GroupState words (device-only; listed for the probe)
 }
 
@@ -134,7 +161,7 @@ _G = ctypes.POINTER(GroupArgs)
 # extern "C" launchers: argument types (each returns int, a cudaError_t value).
 SIGNATURES = {
     "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _P],
-    "hc_all_gather_v": [_G, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
     "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
     "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .abi import DTYPE_CODE, MAX_RANKS, GatherTokensAlgorithm, GroupArgs
+from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs
 
 _groups: list[tuple[ctypes.CDLL, object]] = []  # handle -> (library, pointer to GroupArgs)
 poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten rows show
@@ -81,7 +81,8 @@ def all_gather_v(x, sizes, host_sizes, group, out_rows):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
-    _launch("all_gather_v", lib.hc_all_gather_v(args, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
+    dtype = DTYPE_CODE.get(x.dtype, OTHER_DTYPE)  # only compared across ranks: rows move as bytes
+    _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
                                                 x.shape[0], out_rows, _stream(x)))
     return out
 

@@ -13,9 +13,9 @@ import math
 import torch
 
 from .. import build, kernels
-from ..abi import ROW_ALIGN_BYTES, ErrorCode
+from ..abi import ROW_ALIGN_BYTES, CallField, ErrorCode
 from ..arguments import Sizes, result_rows
-from ..errors import CapacityExceeded, PeerTimeout
+from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
 from ..ops import OPS, op_name
@@ -125,7 +125,25 @@ class NvlinkBackend:
             raise CapacityExceeded(f"{op} on group {group!r}: device-side sizes asked for more rows "
                                    f"than the buffers or the workspace hold (seen by rank {error.peer}); "
                                    f"that call's output is incomplete")
+        if error.code == ErrorCode.ARGUMENT_MISMATCH:
+            # Every rank finished that call (nobody waits on a peer that disagrees), so the
+            # group is in step. Clear once no queued kernel can still record it (outside capture).
+            if not torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize(self.workspace.error_word.device)
+                self.workspace.clear_error()
+            raise ArgumentMismatch.on_device(op, group, error.peer, MISMATCH_WORDS.get(error.detail, f"field {error.detail}"))
         raise PeerTimeout(op, group, error.peer, self.timeout_s)
+
+
+# What the kernels found different between two ranks' calls (the detail of ARGUMENT_MISMATCH).
+MISMATCH_WORDS = {
+    CallField.OP: "op (a skipped or reordered call?)",
+    CallField.DTYPE: "dtype",
+    CallField.ALGORITHM: "algorithm (other sizes or another selection table?)",
+    CallField.VARIANT: "attn_tp / partial",
+    CallField.COUNTS: "row counts (sizes)",
+    CallField.WIDTH: "row width in bytes (all_reduce: message bytes)",
+}
 
 
 def _code(op: str, algorithm: str) -> int:

@@ -20,7 +20,9 @@ namespace hc {
 constexpr int kMaxRanks = 8;      // members of one group
 constexpr int kThreads = 512;     // threads per block of every kernel
 constexpr int kMaxBlocks = 256;   // blocks per kernel (bulk-protocol flags per (phase, source))
-constexpr int kArrivalBytes = 256;
+// Arrival packets at the start of a group's region: one LL packet per (slot, source) that says
+// "source started call `flag`" and carries the call's fingerprint (call.cuh).
+constexpr int kArrivalBytes = 2 * kMaxRanks * 16;
 // Flags at the start of a group's region: arrival flags, then one flag per (phase, source,
 // block) for the bulk protocol.
 constexpr int kFlagBytes = kArrivalBytes + 2 * kMaxRanks * kMaxBlocks * 4;
@@ -48,18 +50,53 @@ enum AllReduceAlgorithm : int { kAllReduceOneShot = 0, kAllReduceTwoShot = 1, kA
 enum GatherTokensAlgorithm : int { kGatherTokensOneShot = 0, kGatherTokensTwoShot = 1, kGatherTokensFused = 2 };
 enum ScatterTokensAlgorithm : int { kScatterTokensOneShot = 0, kScatterTokensTwoShot = 1 };
 
-// -- the error word: code | op << 8 | group << 16 | global rank of the peer << 24 -----------
-enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kCapacity = 2 };
+// -- the error word: code | op << 8 | group << 16 | peer's global rank << 24 | detail << 40 --
+enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kCapacity = 2, kArgumentMismatch = 3 };
 constexpr int kErrorOpShift = 8;
 constexpr int kErrorGroupShift = 16;
 constexpr int kErrorPeerShift = 24;
-constexpr int kErrorFieldMask = 0xff;  // code, op and group
+constexpr int kErrorDetailShift = 40;  // kArgumentMismatch: the CallField that differs
+constexpr int kErrorFieldMask = 0xff;  // code, op, group and detail
 constexpr int kErrorPeerMask = 0xffff;
 
-HC_HOST_DEVICE inline unsigned long long pack_error(uint32_t code, int op, int group, int peer) {
+HC_HOST_DEVICE inline unsigned long long pack_error(uint32_t code, int op, int group, int peer, int detail = 0) {
   return (unsigned long long)(code & kErrorFieldMask) | ((unsigned long long)(op & kErrorFieldMask) << kErrorOpShift) |
          ((unsigned long long)(group & kErrorFieldMask) << kErrorGroupShift) |
-         ((unsigned long long)(peer & kErrorPeerMask) << kErrorPeerShift);
+         ((unsigned long long)(peer & kErrorPeerMask) << kErrorPeerShift) |
+         ((unsigned long long)(detail & kErrorFieldMask) << kErrorDetailShift);
+}
+
+// -- the call fingerprint: what every rank of a group must agree on for one call -------------
+// 64 bits, sent to every peer in the first packet of a call (call.cuh). Fields from the top:
+// op | dtype | algorithm | variant (transitions: attn_tp - 1 | partial << 3) | counts hash | width
+// (row bytes; all_reduce: message bytes), so the first field that differs is the most telling.
+enum CallField : int { kFieldOp = 1, kFieldDType = 2, kFieldAlgorithm = 3, kFieldVariant = 4, kFieldCounts = 5,
+                       kFieldWidth = 6 };
+constexpr int kFingerprintOpShift = 60;
+constexpr int kFingerprintDTypeShift = 56;
+constexpr int kFingerprintAlgorithmShift = 52;
+constexpr int kFingerprintVariantShift = 48;
+constexpr int kFingerprintCountsShift = 32;
+constexpr int kOtherDType = 15;  // a dtype the kernels do not reduce (all_gather_v moves any)
+
+HC_HOST_DEVICE inline uint64_t make_fingerprint(int op, int dtype, int algorithm, int variant, uint32_t counts_hash,
+                                                uint64_t width) {
+  return ((uint64_t)(op & 0xf) << kFingerprintOpShift) | ((uint64_t)(dtype & 0xf) << kFingerprintDTypeShift) |
+         ((uint64_t)(algorithm & 0xf) << kFingerprintAlgorithmShift) |
+         ((uint64_t)(variant & 0xf) << kFingerprintVariantShift) |
+         ((uint64_t)(counts_hash & 0xffff) << kFingerprintCountsShift) | (width & 0xffffffffull);
+}
+
+// The first field in which two fingerprints differ (0: none).
+HC_HOST_DEVICE inline int first_difference(uint64_t a, uint64_t b) {
+  const uint64_t d = a ^ b;
+  if (!d) return 0;
+  if (d >> kFingerprintOpShift) return kFieldOp;
+  if ((d >> kFingerprintDTypeShift) & 0xf) return kFieldDType;
+  if ((d >> kFingerprintAlgorithmShift) & 0xf) return kFieldAlgorithm;
+  if ((d >> kFingerprintVariantShift) & 0xf) return kFieldVariant;
+  if ((d >> kFingerprintCountsShift) & 0xffff) return kFieldCounts;
+  return kFieldWidth;
 }
 
 // -- what the host passes --------------------------------------------------------------------

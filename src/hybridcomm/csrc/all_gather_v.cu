@@ -6,9 +6,10 @@
 namespace hc {
 
 __global__ void __launch_bounds__(kThreads)
-    all_gather_v_push(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
-  const CallCtx cx = begin_call(g, kAllGatherV);
+    all_gather_v_push(GroupArgs g, int dtype, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
+  CallCtx cx = begin_call(g, kAllGatherV);
   const RowCounts rc = group_counts(cx, io, /*gather=*/true);
+  arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;
   const int64_t my_lanes = rc.count[me] * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
@@ -35,12 +36,13 @@ using namespace hc;
 
 // sizes_device: int32[nranks] on the device, or null to use sizes_host.
 // in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of kRowAlignBytes.
-extern "C" int hc_all_gather_v(const GroupArgs* g, const void* in, void* out, const int32_t* sizes_device,
+// dtype: a DType code, or kOtherDType (rows are moved as bytes; the code is only compared across ranks).
+extern "C" int hc_all_gather_v(const GroupArgs* g, int dtype, const void* in, void* out, const int32_t* sizes_device,
                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
                                int64_t out_rows, cudaStream_t stream) {
   if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
-  all_gather_v_push<<<blocks_for(out_rows * io.row_lanes, *g), kThreads, 0, stream>>>(*g, (const uint2*)in,
+  all_gather_v_push<<<blocks_for(out_rows * io.row_lanes, *g), kThreads, 0, stream>>>(*g, dtype, (const uint2*)in,
                                                                                      (uint2*)out, io);
   return launch_status();
 }

@@ -3,8 +3,14 @@
 // Flags are a per-group call counter kept in device memory (GroupState kCalls): every call
 // reads it, uses calls + 1 as its flag, and the last block to finish stores calls + 1. So a
 // CUDA graph replays with fresh flags and never needs host fix-ups. Receive areas rotate
-// over two slots (flag parity); an arrival flag per peer makes sure a fast rank never
-// writes a slot its peer may still read (begin_call / end_call).
+// over two slots (flag parity); an arrival packet per peer makes sure a fast rank never
+// writes a slot its peer may still read (arrive / end_call).
+//
+// The arrival packet also carries the call's fingerprint (abi.h make_fingerprint): op, dtype,
+// algorithm, row width, row counts. A rank that finds a peer's fingerprint different from its
+// own records kArgumentMismatch (which field, which peer) and stops waiting for that peer, so
+// a call whose ranks disagree finishes, within its buffers, and the host raises
+// ArgumentMismatch. Checked where waits already spin and once in end_call: free when all agree.
 //
 // Every wait has a deadline. On expiry the waiting thread records (code, op, group, peer)
 // in an error word mirrored to pinned host memory and raises the group's abort flag; every
@@ -13,6 +19,7 @@
 #pragma once
 
 #include "abi.h"
+#include "packet.cuh"
 
 namespace hc {
 
@@ -25,8 +32,11 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Region layout: [flags][slot 0: area A x n, area B x n][slot 1: same].
-__device__ __forceinline__ uint32_t* arrival_flags(char* region) { return (uint32_t*)region; }
+// Region layout: [arrival packets][bulk flags][slot 0: area A x n, area B x n][slot 1: same].
+// Source `src`'s arrival packet for calls of slot `slot`.
+__device__ __forceinline__ uint4* arrival_packet(char* region, int slot, int src) {
+  return (uint4*)region + slot * kMaxRanks + src;
+}
 
 // Group members base .. base + count - 1, `self` being my index among them.
 struct Members {
@@ -46,6 +56,7 @@ struct CallCtx {
   int slot;           // which of the two rotating slots this call uses
   uint64_t deadline;  // global timer value at which waits give up
   int op;             // Op code, for error reports
+  uint64_t fingerprint;  // what this call must agree on with its peers (set by arrive)
 
   __device__ __forceinline__ Members everyone() const { return Members{0, g.nranks, g.me}; }
 
@@ -59,50 +70,74 @@ struct CallCtx {
   // Member `peer`'s area `phase` that I write into.
   __device__ __forceinline__ uint4* outbox(int peer, int phase) const { return area(g.regions[peer], phase, g.me); }
 
-  // Records (code, op, group, member's global rank); the first error wins. The CAS is on
-  // device memory (atomics on host memory need PCIe atomics); the winner copies the word to
-  // the host-visible mirror with a plain store.
-  __device__ __forceinline__ void fail(uint32_t code, int member) const {
-    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member]);
+  // Records (code, op, group, member's global rank, detail); the first error wins. The CAS is
+  // on device memory (atomics on host memory need PCIe atomics); the winner copies the word
+  // to the host-visible mirror with a plain store.
+  __device__ __forceinline__ void fail(uint32_t code, int member, int detail) const {
+    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member], detail);
     if (atomicCAS(g.error_word, 0ull, word) == 0ull) {
       *(volatile unsigned long long*)g.error_mirror = word;
       __threadfence_system();
     }
+  }
+
+  __device__ __forceinline__ void fail(uint32_t code, int member) const {
+    fail(code, member, 0);
+    // A timeout ends the group: every other wait gives up at once.
     if (code == kTimeout) atomicExch(&g.state[kAborted], 1u);
   }
 
-  // True when a wait should stop: the group already aborted, or time ran out (recorded
-  // against `member`, the peer being waited for).
+  // Whether member's arrival packet for this call is here and says its call differs from
+  // mine (recorded, with the first field that differs).
+  __device__ __forceinline__ bool disagrees(int member) const {
+    uint2 theirs;
+    if (!Packet::try_get(arrival_packet(g.regions[g.me], slot, member), flag, theirs)) return false;
+    const int field = first_difference(fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
+    if (field) fail(kArgumentMismatch, member, field);
+    return field != 0;
+  }
+
+  // True when a wait for `member` should stop: the group already aborted, member's call
+  // differs from mine, or time ran out (recorded against member, the peer being waited for).
   __device__ __forceinline__ bool give_up(int member) const {
     if (*(volatile uint32_t*)&g.state[kAborted]) return true;
+    if (disagrees(member)) return true;
     if (global_timer_ns() < deadline) return false;
     fail(kTimeout, member);
     return true;
   }
 };
 
-// Every kernel starts here. Block 0 tells every peer "I have started call `flag`", hence
-// finished reading call flag - 1.
+// Every kernel starts here; it must call arrive() before its first wait.
 __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
-  const CallCtx cx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
-  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
-    volatile uint32_t* dst = arrival_flags(g.regions[threadIdx.x]) + g.me;
-    *dst = cx.flag;
-  }
-  return cx;
+  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op, 0};  // read in this order
 }
 
-// Block 0 waits until every peer has started this call. A peer that is one call ahead has
-// already overwritten the flag with flag + 1, hence the signed comparison.
+// Block 0 tells every peer "I have started call `flag`" (hence finished reading call flag - 1)
+// and what the call is. Peers start with the same slot pattern, and a peer is at most one call
+// ahead (its end_call waited for my arrival), so my packet for this slot is read before I
+// overwrite it two calls later.
+__device__ __forceinline__ void arrive(CallCtx& cx, uint64_t fingerprint) {
+  const GroupArgs& g = cx.g;
+  cx.fingerprint = fingerprint;
+  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
+                make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);
+  }
+}
+
+// Block 0 waits until every peer has started this call, and checks that it is the same call.
 __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
   const GroupArgs& g = cx.g;
   if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
-    volatile uint32_t* src = arrival_flags(g.regions[g.me]) + threadIdx.x;
+    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, threadIdx.x);
+    uint2 theirs;
     int spins = 0;
-    while ((int32_t)(*src - cx.flag) < 0) {
+    while (!Packet::try_get(src, cx.flag, theirs)) {
       if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
     }
+    cx.disagrees(threadIdx.x);
   }
 }
 

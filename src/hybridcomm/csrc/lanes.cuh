@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "packet.cuh"
+#include "exchange.cuh"
 
 namespace hc {
 
@@ -16,6 +16,7 @@ struct Lane;
 
 template <>
 struct Lane<float> {
+  static constexpr int kDType = kFloat32;
   static constexpr int kN = 2;
   __device__ __forceinline__ static void unpack(uint2 v, float (&f)[4]) {
     f[0] = __uint_as_float(v.x);
@@ -28,6 +29,7 @@ struct Lane<float> {
 
 template <>
 struct Lane<__half> {
+  static constexpr int kDType = kFloat16;
   static constexpr int kN = 4;
   __device__ __forceinline__ static void unpack(uint2 v, float (&f)[4]) {
     float2 a = __half22float2(*reinterpret_cast<__half2*>(&v.x));
@@ -43,6 +45,7 @@ struct Lane<__half> {
 
 template <>
 struct Lane<__nv_bfloat16> {
+  static constexpr int kDType = kBFloat16;
   static constexpr int kN = 4;
   __device__ __forceinline__ static void unpack(uint2 v, float (&f)[4]) {
     float2 a = __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&v.x));

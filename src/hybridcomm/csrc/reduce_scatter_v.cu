@@ -7,8 +7,9 @@ namespace hc {
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     reduce_scatter_v_push(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
-  const CallCtx cx = begin_call(g, kReduceScatterV);
+  CallCtx cx = begin_call(g, kReduceScatterV);
   const RowCounts rc = group_counts(cx, io, /*gather=*/false);
+  arrive(cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;
   for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer

@@ -20,12 +20,14 @@ struct RowCounts {
   int64_t count[kMaxRanks];
   int64_t offset[kMaxRanks + 1];
   int64_t max;
+  uint32_t hash;  // of the counts as read (for the call fingerprint)
 };
 
 __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
   RowCounts r;
   r.offset[0] = 0;
   r.max = 0;
+  uint32_t hash = 2166136261u;  // FNV-1a over the counts
 #pragma unroll
   for (int i = 0; i < kMaxRanks; ++i) {
     int64_t c = 0;
@@ -33,7 +35,9 @@ __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
     r.count[i] = c;
     r.offset[i + 1] = r.offset[i] + c;
     r.max = c > r.max ? c : r.max;
+    if (i < n) hash = (hash ^ (uint32_t)c) * 16777619u;
   }
+  r.hash = hash ^ (hash >> 16);
   return r;
 }
 
@@ -45,7 +49,9 @@ __device__ __forceinline__ RowCounts load_counts_checked(const CallCtx& cx, cons
   RowCounts rc = load_counts(s, n);
   if (!fits_area(rc.max * row_lanes * kLLUnitBytes, kLLWireFactor, cx.g.area_bytes)) {
     if (grid_thread() == 0) cx.fail(kCapacity, cx.g.me);
+    const uint32_t hash = rc.hash;
     rc = RowCounts{};
+    rc.hash = hash;
   }
   return rc;
 }
@@ -84,6 +90,8 @@ struct TokenShape {
 
   // My DP group's members (my attention-TP group).
   __device__ __forceinline__ Members tp_group() const { return Members{d * tp, tp, t}; }
+  // The fingerprint's variant field: attn_tp and whether rows are partial.
+  __device__ __forceinline__ int variant(int partial) const { return (tp - 1) | (partial ? 8 : 0); }
 };
 
 __device__ __forceinline__ TokenShape token_shape(const CallCtx& cx, int tp, const SizesArg& sizes,
