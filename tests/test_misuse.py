@@ -37,6 +37,8 @@ CASES = {
               ["dtype", "torch.bfloat16", "rank 1"], MISMATCH, (), False),
     "trailing shape": (lambda c, r: c.all_gather_v(_x(r, r + 1, 8 if r == 2 else 4), [1, 2, 3, 4]),
                        ["trailing shape", "(8,)", "rank 2"], MISMATCH, (), False),
+    "trailing shape, rows beyond one exchange": (lambda c, r: c.all_reduce(_x(r, 8, 2048 if r == 1 else 4096)),
+                                                 ["trailing shape", "(2048,)"], MISMATCH, (), False),
     "same bytes, other shape": (lambda c, r: c.all_reduce(_x(r, 8, 4) if r == 3 else _x(r, 4, 8)),
                                 ["trailing shape", "(4,)", "rank 3"], MISMATCH, (), False),
     "all_reduce rows": (lambda c, r: c.all_reduce(_x(r, 3 if r == 0 else 2, 4)),
@@ -138,6 +140,25 @@ def _capacity_then_same_shapes_again():
 @pytest.mark.timeout(120)
 def test_capacity_overflow_then_the_same_call_with_counts_that_fit(pool):
     assert pool(4).run(_capacity_then_same_shapes_again, timeout=60) == [(8, True)] * 4
+
+
+def _large_and_small_gathers():
+    import torch.distributed as dist
+    comm, rank = _comm(False), dist.get_rank()
+    results = []
+    for width in (1, 3000, 8192):  # rows of 4 B .. 32 KiB: inline with the header, or beyond it
+        sizes = [3, 0, 5, 1]
+        out = comm.all_gather_v(_x(rank, sizes[rank], width), sizes)
+        expected = torch.cat([_x(i, n, width) for i, n in enumerate(sizes)])
+        total = comm.all_reduce(_x(rank, 2, width))
+        results.append(torch.equal(out, expected)
+                       and torch.equal(total, sum(_x(i, 2, width) for i in range(4))))
+    return results
+
+
+@pytest.mark.timeout(120)
+def test_gathers_with_headers_are_exact_inline_and_beyond(pool):
+    assert pool(4).run(_large_and_small_gathers, timeout=60) == [[True] * 3] * 4
 
 
 def test_argument_mismatch_is_a_value_error_and_a_hybridcomm_error():
