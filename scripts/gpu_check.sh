@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the 4-GPU machine, in one call: build, GPU tests, benchmarks; logs and results under $OUT.
 #   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer
-# (default: all). NVLink multicast stays off (DEVICE.md): never remove these exports.
+# (default: all). NVLink multicast stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from .arguments import split_evenly
-from .backends.reference import sum_in_order
 from .layout import Layout
 from .norm import add_rms_norm
 
@@ -111,6 +110,16 @@ def _with_spare(x: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 # -- oracle ---------------------------------------------------------------------------------
+def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """fp32 sum in list order, ((p0 + p1) + p2) + ...: the order every backend promises.
+    The oracle's own, so that a change to a backend's summation cannot hide from it."""
+    total = torch.zeros_like(parts[0], dtype=torch.float32)
+    total.copy_(parts[0])
+    for part in parts[1:]:
+        total = total + part.to(torch.float32)
+    return total
+
+
 def expected(case: Case, rank: int, device):
     """What `rank` must receive: a tensor, or (normed, residual_out) for the fused gather."""
     lay = case.layout

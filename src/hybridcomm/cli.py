@@ -16,6 +16,7 @@ import torch
 
 from . import cli_args as ca
 from .layout import Layout
+from .ops import OPS
 
 
 def _default_device() -> str:
@@ -28,6 +29,7 @@ def _progress(msg: str) -> None:
 
 # -- info --------------------------------------------------------------------------------------
 def cmd_info(args) -> int:
+    from .ops import describe as describe_ops
     from .workspace import DEFAULT_AREA_BYTES, describe_plan
 
     from . import __version__
@@ -52,6 +54,9 @@ def cmd_info(args) -> int:
     print(layout.rank_table())
     print()
     print(describe_plan(layout, args.workspace_bytes or DEFAULT_AREA_BYTES))
+    print()
+    print("ops and their kernel algorithms (protocol):")
+    print(describe_ops())
     return 0
 
 
@@ -248,7 +253,8 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(fn=cmd_build)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
     ops.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     ops.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
     ops.add_argument("--sizes", type=ca.byte_list, default=None,

@@ -1,6 +1,6 @@
 """The Communicator: validates a call, picks a backend and algorithm, runs it.
 
-API and semantics are a contract (DESIGN.md section 3); see README.md for examples.
+API and semantics are a contract (README.md, API section); structure: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
+from .ops import OPS
 
 BACKENDS = ("auto", "reference", "nccl", "nvlink")
 
@@ -78,6 +79,7 @@ class Communicator:
         self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate)}
         self.forced = None if backend == "auto" else backend
         self.table = algorithms.TABLE if table is None else table
+        self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -92,8 +94,7 @@ class Communicator:
         """Sum over `group`; returns a new tensor."""
         g, _ = self._check("all_reduce", group, lambda g: check_tensor(x, "x", self.device),
                            lambda g, _: describe_call("all_reduce", g.name, x))
-        nbytes = x.numel() * x.element_size()
-        backend, algorithm = self._select("all_reduce", g, nbytes, x)
+        backend, algorithm = self._select("all_reduce", g, x)
         return backend.all_reduce(x, g, algorithm)
 
     def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -107,7 +108,7 @@ class Communicator:
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
-        backend, algorithm = self._select("all_gather_v", g, self._gathered_bytes(x, s, g.index), x, s)
+        backend, algorithm = self._select("all_gather_v", g, x, s, g.index)
         return backend.all_gather_v(x, s, g, algorithm)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -122,7 +123,7 @@ class Communicator:
 
         g, s = self._check("reduce_scatter_v", group, check,
                            lambda g, s: describe_call("reduce_scatter_v", g.name, x, s))
-        backend, algorithm = self._select("reduce_scatter_v", g, x.numel() * x.element_size(), x, s)
+        backend, algorithm = self._select("reduce_scatter_v", g, x, s, g.index)
         return backend.reduce_scatter_v(x, s, g, algorithm)
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes, partial: bool = True, *,
@@ -153,8 +154,7 @@ class Communicator:
         _, s = self._check("gather_tokens", "world", check,
                            lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
-        backend, algorithm = self._select(op, world,
-                                          self._gathered_bytes(x, s, dp.index), x, s)
+        backend, algorithm = self._select(op, world, x, s, dp.index)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
@@ -169,7 +169,7 @@ class Communicator:
 
         world, s = self._check("scatter_tokens", "world", check,
                                lambda g, s: describe_call("scatter_tokens", g.name, y, s))
-        backend, algorithm = self._select("scatter_tokens", world, y.numel() * y.element_size(), y, s)
+        backend, algorithm = self._select("scatter_tokens", world, y, s, self.groups["attn_dp"].index)
         return backend.scatter_tokens(y, s, algorithm)
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -213,8 +213,11 @@ class Communicator:
         return self.groups[name]
 
     @staticmethod
-    def _gathered_bytes(x: torch.Tensor, sizes: Sizes, index: int) -> int:
-        """Size of a gather's result (its capacity when sizes live on the device)."""
+    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int) -> int:
+        """The bytes the selection table compares: the op's input, or its result (its
+        capacity when sizes live on the device), as ops.OPS says."""
+        if OPS[op].message == "input":
+            return x.numel() * x.element_size()
         row_bytes = math.prod(x.shape[1:]) * x.element_size()
         return result_rows(sizes, index, x.shape[0], gathered=True) * row_bytes
 
@@ -283,20 +286,20 @@ class Communicator:
     def _on_reference(self) -> bool:
         return self.forced == "reference" or self.device.type == "cpu"
 
-    def _select(self, op: str, group: Group, nbytes: int, x: torch.Tensor, sizes: Sizes | None = None):
-        if self.forced in ("reference", "nccl"):
-            return self.backends[self.forced], None
-        if self.device.type == "cpu":
-            return self.backends["reference"], None
+    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0):
+        if self.forced in ("reference", "nccl") or self.device.type == "cpu":
+            name = self.forced or "reference"
+            self.last_choice = algorithms.Choice(name, None, f"backend={name!r}" if self.forced else "CPU")
+            return self.backends[name], None
         nvlink = self.backends.get("nvlink")
-        kernel_op = "gather_tokens" if op == "gather_tokens_norm" else op
 
         def blocker(algorithm: str) -> str | None:
             if nvlink is None:
                 return "nvlink backend not loaded"
-            return nvlink.blocker(kernel_op, algorithm, group, x, sizes)
+            return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, nbytes, blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index), blocker, self.table)
+        self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 
     def _raise_recorded_error(self) -> None:

@@ -1,6 +1,6 @@
 """Which rank is which: the parallel layout of attention and MoE over one world of GPUs.
 
-Pure Python, no torch.distributed. The rank numbering is a contract (DESIGN.md section 2):
+Pure Python, no torch.distributed. The rank numbering is a contract (docs/architecture.md, "Ranks"):
 
     rank = attn_dp_rank * attn_tp + attn_tp_rank    (attention TP varies fastest)
     rank = moe_ep_rank  * moe_tp  + moe_tp_rank     (MoE TP varies fastest)

@@ -185,11 +185,7 @@ class ReferenceBackend:
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         sig = describe_call("reduce_scatter_v", group.name, x, sizes)
-        counts = list(sig.sizes)
-        total, start = sum(counts), sum(counts[: group.index])
-        parts = self._call(sig, group).gather(x[:total], [total] * group.size, group)
-        mine = sum_in_order([p[start : start + counts[group.index]] for p in parts]).to(x.dtype)
-        return pad_rows(mine, result_rows(sizes, group.index, x.shape[0], gathered=False))
+        return _sum_my_rows(x, sig, sizes, group.index, group, self._call(sig, group))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
         tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
@@ -212,10 +208,16 @@ class ReferenceBackend:
         return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], gathered=False))
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes: Sizes, algorithm=None) -> torch.Tensor:
-        world, dp = self.groups["world"], self.groups["attn_dp"]
+        world = self.groups["world"]
         sig = describe_call("scatter_tokens", world.name, y, dp_sizes)
-        counts = list(sig.sizes)
-        total, start = sum(counts), sum(counts[: dp.index])
-        parts = self._call(sig, world).gather(y[:total], [total] * world.size, world)
-        mine = sum_in_order([p[start : start + counts[dp.index]] for p in parts]).to(y.dtype)
-        return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
+        # Rows of every DP group summed over the whole world: my DP group's slice of them.
+        return _sum_my_rows(y, sig, dp_sizes, self.groups["attn_dp"].index, world, self._call(sig, world))
+
+
+def _sum_my_rows(x: torch.Tensor, sig: Signature, sizes: Sizes, index: int, over: Group, call: Call) -> torch.Tensor:
+    """Rows [sum(sizes[:index]), +sizes[index]) of x, summed over the members of `over`."""
+    counts = list(sig.sizes)
+    total, start = sum(counts), sum(counts[:index])
+    parts = call.gather(x[:total], [total] * over.size, over)
+    mine = sum_in_order([p[start : start + counts[index]] for p in parts]).to(x.dtype)
+    return pad_rows(mine, result_rows(sizes, index, x.shape[0], gathered=False))

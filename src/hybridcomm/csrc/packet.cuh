@@ -1,0 +1,81 @@
+// The LL protocol: 16-byte packets carrying 8 bytes of payload and the call's flag twice,
+// written by one 16-byte store straight into the receiver's area (push). The receiver polls
+// its own memory until both flags equal the call's flag: data and "ready" arrive together,
+// so small messages need no separate barrier. A torn store (8-byte atomicity) shows a stale
+// flag in one half and is simply polled again. See docs/architecture.md.
+#pragma once
+
+#include "call.cuh"
+
+namespace hc {
+
+struct Packet {
+  __device__ __forceinline__ static void put(uint4* dst, uint2 data, uint32_t flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(data.x), "r"(flag),
+                 "r"(data.y), "r"(flag)
+                 : "memory");
+  }
+
+  __device__ __forceinline__ static bool try_get(const uint4* src, uint32_t flag, uint2& data) {
+    uint32_t d0, f0, d1, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(src)
+                 : "memory");
+    data = make_uint2(d0, d1);
+    return f0 == flag && f1 == flag;
+  }
+};
+
+// Lane i of my payload to member `peer`'s area `phase`.
+__device__ __forceinline__ void put_lane(const CallCtx& cx, int peer, int phase, int64_t i, uint2 v) {
+  Packet::put(cx.outbox(peer, phase) + i, v, cx.flag);
+}
+
+// Lane i, the same value, to every other member of `to`.
+__device__ __forceinline__ void push_to_peers(const CallCtx& cx, const Members& to, int phase, int64_t i, uint2 v) {
+  to.for_each_other([&](int peer) { put_lane(cx, peer, phase, i, v); });
+}
+
+// Waits for lane i from member `member` in my area `phase`.
+__device__ __forceinline__ uint2 wait_lane(const CallCtx& cx, int phase, int member, int64_t i) {
+  const uint4* src = cx.inbox(phase, member) + i;
+  uint2 data = make_uint2(0, 0);
+  int spins = 0;
+  while (!Packet::try_get(src, cx.flag, data)) {
+    if ((++spins & 15) == 0 && cx.give_up(member)) break;
+  }
+  return data;
+}
+
+// Waits for lane i from every source s < n with wants(s) (source s is group member
+// member_base + s), polling them all at once: a sequential wait would add one memory latency
+// per source. data[s] is written for the sources waited for; returns their bit mask.
+template <typename Wants>
+__device__ __forceinline__ uint32_t wait_sources(const CallCtx& cx, int phase, int n, int member_base, int64_t i,
+                                                 Wants wants, uint2 (&data)[kMaxRanks]) {
+  const uint4* src[kMaxRanks];
+  uint32_t pending = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    src[s] = nullptr;
+    if (s < n && wants(s)) {
+      src[s] = cx.inbox(phase, member_base + s) + i;
+      pending |= 1u << s;
+    }
+  }
+  const uint32_t waited = pending;
+  int spins = 0;
+  while (pending) {
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      if ((pending >> s) & 1u) {
+        if (Packet::try_get(src[s], cx.flag, data[s])) pending &= ~(1u << s);
+      }
+    }
+    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
+  }
+  return waited;
+}
+
+}  // namespace hc
