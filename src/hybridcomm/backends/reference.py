@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..agreement import OK, OPS, Signature, decode, describe_call, encode, rejected, status_of, verdict
+from ..agreement import OK, Signature, decode, describe_call, encode, rejected, status_of, verdict
 from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
@@ -170,7 +170,7 @@ class ReferenceBackend:
         self._call(rejected(op), group).abandon(status_of(error), self.me)
 
     def _call(self, sig: Signature, group: Group) -> Call:
-        return Call(sig, self.exchange_groups(OPS[sig.op], group), self.device, self.groups["world"].size,
+        return Call(sig, self.exchange_groups(sig.op_name, group), self.device, self.groups["world"].size,
                     self.headers)
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
