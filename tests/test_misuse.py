@@ -249,3 +249,48 @@ def test_close_releases_the_nvlink_workspace(pool):
     for total, freed, handles, args in pool(n, "cuda").run(_workspace_released, n, timeout=240):
         assert total > 0 and handles == {} and args == {}
         assert freed >= 0.9 * total, f"close() freed {freed} of the {total}-byte workspace"
+
+
+# -- validate=True on every backend (world 2: runs on 2 GPUs, and on CPU) ----------------------
+def _on(comm, t):
+    return t.to(comm.device)
+
+
+WORLD2_CASES = {
+    "dtype": (lambda c, r: c.all_reduce(_on(c, _x(r, 2, 64, dtype=BF16 if r == 1 else F32))), ValueError),
+    "trailing shape": (lambda c, r: c.all_gather_v(_on(c, _x(r, 1, 128 if r else 64)), [1, 1]), ValueError),
+    "sizes": (lambda c, r: c.all_gather_v(_on(c, _x(r, [2, 3][r], 64)), [2, 3] if r == 1 else [2, 4]), ValueError),
+    "all_reduce rows": (lambda c, r: c.all_reduce(_on(c, _x(r, 2 + r, 64))), ValueError),
+    "capacity": (lambda c, r: c.gather_tokens(_on(c, _x(r, 4, 64)), _on(c, _sizes([2, 5]))), CapacityExceeded),
+}
+
+
+def _validated_world2(device):
+    import torch.distributed as dist
+    import hybridcomm as hc
+    rank = dist.get_rank()
+    comm = hc.Communicator(hc.Layout(2), device=device, validate=True)
+    raised = {}
+    for name, (call, _) in WORLD2_CASES.items():
+        try:
+            call(comm, rank)
+            raised[name] = None
+        except Exception as e:
+            raised[name] = (type(e), str(e))
+    x = torch.full((4, 64), float(rank + 1), device=comm.device)
+    works = bool(torch.equal(comm.all_reduce(x).cpu(), torch.full((4, 64), 3.0)))
+    comm.close()
+    return raised, works
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_validate_raises_the_same_error_on_every_rank_of_every_backend(pool, device):
+    from conftest import gpu_count
+    if device == "cuda" and gpu_count() < 2:
+        pytest.skip(f"needs 2 CUDA GPUs, found {gpu_count()}")
+    (mine, works0), (theirs, works1) = pool(2, device).run(_validated_world2, device, timeout=240)
+    assert works0 and works1
+    for name, (_, kind) in WORLD2_CASES.items():
+        assert mine[name] is not None and issubclass(mine[name][0], kind), (name, mine[name])
+        assert mine[name] == theirs[name], name
