@@ -92,12 +92,9 @@ def describe_call(op: str, group: str, x: torch.Tensor, sizes: Sizes | None = No
 
 
 # -- the row --------------------------------------------------------------------------------
-# (field, how it reads in a message); tuples are stored as length + values padded to a width.
+# Signature fields in row (and comparison) order; a tuple is stored as its length, then its
+# values padded with NOT_COMPARED to a fixed width (MAX_ROW_DIMS, or the world size for sizes).
 FIELDS = ("op", "group", "dtype", "row_shape", "rows", "sizes_on_device", "sizes", "partial", "fused", "eps")
-
-
-def row_width(max_sizes: int) -> int:
-    return 2 + len(FIELDS) - 2 + (1 + MAX_ROW_DIMS) + (1 + max_sizes)
 
 
 def encode(sig: Signature, max_sizes: int, status: int = OK, origin: int = 0) -> list[int]:
