@@ -37,6 +37,8 @@ CASES = {
               ["dtype", "torch.bfloat16", "rank 1"], MISMATCH, (), False),
     "trailing shape": (lambda c, r: c.all_gather_v(_x(r, r + 1, 8 if r == 2 else 4), [1, 2, 3, 4]),
                        ["trailing shape", "(8,)", "rank 2"], MISMATCH, (), False),
+    "trailing shape, rows beyond one exchange": (lambda c, r: c.all_reduce(_x(r, 8, 2048 if r == 1 else 4096)),
+                                                 ["trailing shape", "(2048,)"], MISMATCH, (), False),
     "same bytes, other shape": (lambda c, r: c.all_reduce(_x(r, 8, 4) if r == 3 else _x(r, 4, 8)),
                                 ["trailing shape", "(4,)", "rank 3"], MISMATCH, (), False),
     "all_reduce rows": (lambda c, r: c.all_reduce(_x(r, 3 if r == 0 else 2, 4)),
@@ -140,6 +142,25 @@ def test_capacity_overflow_then_the_same_call_with_counts_that_fit(pool):
     assert pool(4).run(_capacity_then_same_shapes_again, timeout=60) == [(8, True)] * 4
 
 
+def _large_and_small_gathers():
+    import torch.distributed as dist
+    comm, rank = _comm(False), dist.get_rank()
+    results = []
+    for width in (1, 3000, 8192):  # rows of 4 B .. 32 KiB: inline with the header, or beyond it
+        sizes = [3, 0, 5, 1]
+        out = comm.all_gather_v(_x(rank, sizes[rank], width), sizes)
+        expected = torch.cat([_x(i, n, width) for i, n in enumerate(sizes)])
+        total = comm.all_reduce(_x(rank, 2, width))
+        results.append(torch.equal(out, expected)
+                       and torch.equal(total, sum(_x(i, 2, width) for i in range(4))))
+    return results
+
+
+@pytest.mark.timeout(120)
+def test_gathers_with_headers_are_exact_inline_and_beyond(pool):
+    assert pool(4).run(_large_and_small_gathers, timeout=60) == [[True] * 3] * 4
+
+
 def test_argument_mismatch_is_a_value_error_and_a_hybridcomm_error():
     assert issubclass(ArgumentMismatch, ValueError) and issubclass(ArgumentMismatch, HybridCommError)
 
@@ -228,3 +249,48 @@ def test_close_releases_the_nvlink_workspace(pool):
     for total, freed, handles, args in pool(n, "cuda").run(_workspace_released, n, timeout=240):
         assert total > 0 and handles == {} and args == {}
         assert freed >= 0.9 * total, f"close() freed {freed} of the {total}-byte workspace"
+
+
+# -- validate=True on every backend (world 2: runs on 2 GPUs, and on CPU) ----------------------
+def _on(comm, t):
+    return t.to(comm.device)
+
+
+WORLD2_CASES = {
+    "dtype": (lambda c, r: c.all_reduce(_on(c, _x(r, 2, 64, dtype=BF16 if r == 1 else F32))), ValueError),
+    "trailing shape": (lambda c, r: c.all_gather_v(_on(c, _x(r, 1, 128 if r else 64)), [1, 1]), ValueError),
+    "sizes": (lambda c, r: c.all_gather_v(_on(c, _x(r, [2, 3][r], 64)), [2, 3] if r == 1 else [2, 4]), ValueError),
+    "all_reduce rows": (lambda c, r: c.all_reduce(_on(c, _x(r, 2 + r, 64))), ValueError),
+    "capacity": (lambda c, r: c.gather_tokens(_on(c, _x(r, 4, 64)), _on(c, _sizes([2, 5]))), CapacityExceeded),
+}
+
+
+def _validated_world2(device):
+    import torch.distributed as dist
+    import hybridcomm as hc
+    rank = dist.get_rank()
+    comm = hc.Communicator(hc.Layout(2), device=device, validate=True)
+    raised = {}
+    for name, (call, _) in WORLD2_CASES.items():
+        try:
+            call(comm, rank)
+            raised[name] = None
+        except Exception as e:
+            raised[name] = (type(e), str(e))
+    x = torch.full((4, 64), float(rank + 1), device=comm.device)
+    works = bool(torch.equal(comm.all_reduce(x).cpu(), torch.full((4, 64), 3.0)))
+    comm.close()
+    return raised, works
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_validate_raises_the_same_error_on_every_rank_of_every_backend(pool, device):
+    from conftest import gpu_count
+    if device == "cuda" and gpu_count() < 2:
+        pytest.skip(f"needs 2 CUDA GPUs, found {gpu_count()}")
+    (mine, works0), (theirs, works1) = pool(2, device).run(_validated_world2, device, timeout=240)
+    assert works0 and works1
+    for name, (_, kind) in WORLD2_CASES.items():
+        assert mine[name] is not None and issubclass(mine[name][0], kind), (name, mine[name])
+        assert mine[name] == theirs[name], name

@@ -25,10 +25,9 @@ import torch.distributed as dist
 from .arguments import SUPPORTED_DTYPES, Sizes
 from .errors import ArgumentMismatch, CapacityExceeded
 from .layout import GROUP_NAMES
+from .ops import OPS, op_name
 
-OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "scatter_tokens")
 GATHERS = ("all_gather_v", "gather_tokens")        # sizes[i] rows come from member i
-ROW_RESULT_OPS = ("all_reduce",)                   # the same rows on every member
 MAX_ROW_DIMS = 8                                   # trailing dims stored verbatim (more: hashed)
 NOT_COMPARED = -1                                  # a field that does not apply to this call
 
@@ -68,7 +67,7 @@ class Signature:
 
     @property
     def op_name(self) -> str:
-        return OPS[self.op]
+        return op_name(self.op)
 
     @property
     def sizes_name(self) -> str:
@@ -84,7 +83,7 @@ def describe_call(op: str, group: str, x: torch.Tensor, sizes: Sizes | None = No
     # (all_reduce), a scatter's input (sum of sizes), or a capacity (device-side sizes).
     compare_rows = op not in GATHERS or on_device == 1
     return Signature(
-        op=OPS.index(op), group=GROUP_NAMES.index(group), dtype=SUPPORTED_DTYPES.index(x.dtype),
+        op=int(OPS[op].code), group=GROUP_NAMES.index(group), dtype=SUPPORTED_DTYPES.index(x.dtype),
         row_shape=_row_dims(tuple(x.shape)), rows=x.shape[0] if compare_rows else NOT_COMPARED,
         sizes_on_device=on_device, sizes=values,
         partial=NOT_COMPARED if partial is None else int(bool(partial)),
@@ -93,12 +92,9 @@ def describe_call(op: str, group: str, x: torch.Tensor, sizes: Sizes | None = No
 
 
 # -- the row --------------------------------------------------------------------------------
-# (field, how it reads in a message); tuples are stored as length + values padded to a width.
+# Signature fields in row (and comparison) order; a tuple is stored as its length, then its
+# values padded with NOT_COMPARED to a fixed width (MAX_ROW_DIMS, or the world size for sizes).
 FIELDS = ("op", "group", "dtype", "row_shape", "rows", "sizes_on_device", "sizes", "partial", "fused", "eps")
-
-
-def row_width(max_sizes: int) -> int:
-    return 2 + len(FIELDS) - 2 + (1 + MAX_ROW_DIMS) + (1 + max_sizes)
 
 
 def encode(sig: Signature, max_sizes: int, status: int = OK, origin: int = 0) -> list[int]:
@@ -140,7 +136,7 @@ def exchange(row: list[int], pg, size: int, device: torch.device) -> list[list[i
 def _show(sig: Signature, field: str) -> str:
     value = getattr(sig, field)
     shown = {
-        "op": lambda v: OPS[v],
+        "op": op_name,
         "group": lambda v: repr(GROUP_NAMES[v]),
         "dtype": lambda v: str(SUPPORTED_DTYPES[v]),
         "row_shape": lambda v: str(v),
@@ -210,7 +206,7 @@ def verdict(rows: list[tuple[int, int, Signature]], ranks: list[int],
 
 
 def _relayed(status: int, origin: int, sig: Signature) -> Exception:
-    op = OPS[sig.op] if 0 <= sig.op < len(OPS) else "this call"
+    op = sig.op_name
     if status == REJECTED:
         return ArgumentMismatch(f"{op}: rank {origin} rejected its arguments (its own error says why); "
                                 f"no rank returned a result")
@@ -227,5 +223,5 @@ def status_of(error: Exception) -> int:
 
 def rejected(op: str) -> Signature:
     """The row of a rank whose local checks failed: only the op is known."""
-    return Signature(op=OPS.index(op))
+    return Signature(op=int(OPS[op].code))
 

@@ -42,8 +42,11 @@ class Communicator:
     Construct on every rank after `torch.distributed.init_process_group`, in the same
     order as other collective setup (it creates process groups, which is collective).
 
-    validate: cross-check sizes (and argument errors) across ranks on every call, so a
-        mismatch raises on every rank instead of hanging. Costs one small collective.
+    validate: before every op, agree across the world on everything that must match (op,
+        group, dtype, trailing shape, rows, sizes, partial, fusion and eps) and on every
+        rank's local checks, so a mismatch raises the same exception on every rank instead of
+        hanging or returning garbage. Costs one all-gather of a small int64 row per op; every
+        rank must make every call. README "What is checked" says what is checked without it.
     timeout_s: deadline of every wait inside our kernels (PeerTimeout on expiry).
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..agreement import (OK, OPS, Signature, decode, describe_call, encode, exchange, rejected,
-                         status_of, verdict)
+from ..agreement import OK, Signature, decode, describe_call, encode, rejected, status_of, verdict
 from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
@@ -28,20 +27,33 @@ def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
     return acc
 
 
+# Data that travels in the same all-gather as the header (a fixed size, so the byte counts
+# match whatever the ranks passed): small calls cost one exchange, not two.
+HEADED_PAYLOAD_BYTES = 16 << 10
+
+
+def padded_bytes(x: torch.Tensor, counts: list[int], index: int) -> torch.Tensor:
+    """This member's counts[index] rows padded to max(counts) rows, as raw bytes."""
+    padded = x.new_zeros((max(counts),) + tuple(x.shape[1:]))
+    mine = x[: counts[index]]  # fewer rows than counts[index]: capacity exceeded, the headers say so
+    padded[: mine.shape[0]] = mine
+    return padded.view(-1).view(torch.uint8)
+
+
+def unpack(received: list[torch.Tensor], like: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    shape = (max(counts),) + tuple(like.shape[1:])
+    return [r.view(like.dtype).view(shape)[:c] for r, c in zip(received, counts)]
+
+
 def gather_rows(x: torch.Tensor, counts: list[int], group: Group) -> list[torch.Tensor]:
     """Member i contributes its first counts[i] rows; returns every member's rows."""
     if group.size == 1:
         return [x[: counts[0]]]
-    rows_max = max(counts)
-    row_shape = tuple(x.shape[1:])
-    if rows_max == 0:
-        return [x.new_empty((0,) + row_shape) for _ in counts]
-    padded = x.new_zeros((rows_max,) + row_shape)
-    padded[: counts[group.index]] = x[: counts[group.index]]
-    raw = padded.view(-1).view(torch.uint8)
+    raw = padded_bytes(x, counts, group.index)
     received = [torch.empty_like(raw) for _ in counts]
-    dist.all_gather(received, raw, group=group.pg)
-    return [r.view(x.dtype).view((rows_max,) + row_shape)[:c] for r, c in zip(received, counts)]
+    if raw.numel():
+        dist.all_gather(received, raw, group=group.pg)
+    return unpack(received, x, counts)
 
 
 def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -75,31 +87,68 @@ class Call:
         self.headers = headers and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
     def agree(self, group: Group) -> None:
+        """Headers only (an exchange that moves no data)."""
         if group.size == 1:
             return
+        self._next(group)
+        if self.headers:
+            self._judge(self._verdict(group, self._exchange(group, OK, 0)[0]))
+
+    def gather(self, x: torch.Tensor, counts: list[int], group: Group) -> list[torch.Tensor]:
+        """Every member's first counts[i] rows, after the headers agreed. The header and up to
+        HEADED_PAYLOAD_BYTES of data share one all-gather; the rest (an agreed size) follows."""
+        if group.size == 1 or not self.headers:
+            self.agree(group)
+            return gather_rows(x, counts, group)
+        self._next(group)
+        raw = padded_bytes(x, counts, group.index)
+        headers, inlines = self._exchange(group, OK, 0, raw)
+        self._judge(self._verdict(group, headers))
+        inline = min(raw.numel(), HEADED_PAYLOAD_BYTES)
+        rest = raw[inline:]  # the same size on every member, now that the headers agree
+        rests = [torch.empty_like(rest) for _ in range(group.size)]
+        if rest.numel():
+            dist.all_gather(rests, rest, group=group.pg)
+        return unpack([torch.cat([i[:inline], r]) for i, r in zip(inlines, rests)], x, counts)
+
+    def _next(self, group: Group) -> None:
         if not self.pending or self.pending[0].name != group.name:
             raise AssertionError(f"reference backend: exchange over {group.name!r} is not in the op's "
                                  f"declared sequence {[g.name for g in self.pending]}")
         self.pending.pop(0)
-        found = self._exchange(group, OK, 0) if self.headers else None
+
+    def _judge(self, found) -> None:
+        """Raise what the exchange found, after passing it on to the op's later exchanges."""
         if found is not None:
             status, origin, error = found
             self.abandon(status, origin)
             raise error
-
-    def gather(self, x: torch.Tensor, counts: list[int], group: Group) -> list[torch.Tensor]:
-        self.agree(group)
-        return gather_rows(x, counts, group)
 
     def abandon(self, status: int, origin: int) -> None:
         """Tell the remaining exchanges' members that this call failed (status, origin)."""
         while self.pending:
             self._exchange(self.pending.pop(0), status, origin)
 
-    def _exchange(self, group: Group, status: int, origin: int):
-        row = encode(self.sig, self.max_sizes, status, origin)
-        rows = [decode(r, self.max_sizes) for r in exchange(row, group.pg, group.size, self.device)]
-        return verdict(rows, list(group.ranks), {r: group.ranks for r in group.ranks})
+    def _exchange(self, group: Group, status: int, origin: int, raw: torch.Tensor | None = None):
+        """One all-gather of a fixed-size slab: the header, then the first HEADED_PAYLOAD_BYTES
+        of `raw` (zeros without). Every exchange has this shape, so a member that fails and one
+        that sends data still match. Returns (headers, each member's inline bytes)."""
+        head = torch.tensor(encode(self.sig, self.max_sizes, status, origin), dtype=torch.int64)
+        head = head.view(torch.uint8)
+        h = head.numel()
+        slab = torch.zeros(h + HEADED_PAYLOAD_BYTES, dtype=torch.uint8, device=self.device)
+        slab[:h] = head
+        if raw is not None:
+            inline = min(raw.numel(), HEADED_PAYLOAD_BYTES)
+            slab[h : h + inline] = raw[:inline]
+        slabs = [torch.empty_like(slab) for _ in range(group.size)]
+        dist.all_gather(slabs, slab, group=group.pg)
+        headers = torch.stack([s[:h] for s in slabs]).cpu().view(torch.int64).tolist()
+        return headers, [s[h:] for s in slabs]
+
+    def _verdict(self, group: Group, rows: list[list[int]]):
+        decoded = [decode(r, self.max_sizes) for r in rows]
+        return verdict(decoded, list(group.ranks), {r: group.ranks for r in group.ranks})
 
 
 class ReferenceBackend:
@@ -121,7 +170,7 @@ class ReferenceBackend:
         self._call(rejected(op), group).abandon(status_of(error), self.me)
 
     def _call(self, sig: Signature, group: Group) -> Call:
-        return Call(sig, self.exchange_groups(OPS[sig.op], group), self.device, self.groups["world"].size,
+        return Call(sig, self.exchange_groups(sig.op_name, group), self.device, self.groups["world"].size,
                     self.headers)
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
