@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,layer}
+"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -173,6 +173,19 @@ def cmd_bench_transitions(args) -> int:
     return 0
 
 
+def cmd_bench_quant(args) -> int:
+    from .bench.quant import bench_quant, quant_markdown
+
+    if not torch.cuda.is_available():
+        print("bench quant times our CUDA kernels against NCCL: it needs GPUs", file=sys.stderr)
+        return 2
+    results = bench_quant(args.layouts.split(","), args.quant.split(","), [int(h) for h in args.hidden.split(",")],
+                          [int(t) for t in args.tokens.split(",")], args.world)
+    print(quant_markdown(results))
+    _write(results, args.out, "quant")
+    return 0
+
+
 def _token_lists(text: str, imbalanced: bool) -> list:
     tokens: list = [int(t) for t in text.split(",")]
     if imbalanced:
@@ -224,7 +237,7 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(fn=cmd_build)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
     ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
     ops.add_argument("--world", type=int, default=4)
     ops.add_argument("--device", choices=["cpu", "cuda"], default=None)
@@ -237,6 +250,15 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--world", type=int, default=4)
     tr.add_argument("--out", default=None)
     tr.set_defaults(fn=cmd_bench_transitions)
+
+    qb = bench.add_parser("quant", help="quantized gather_tokens vs bf16 and quantize-then-NCCL")
+    qb.add_argument("--layouts", default="dp4,dp2xtp2")
+    qb.add_argument("--world", type=int, default=4)
+    qb.add_argument("--quant", default="fp8,fp8_block128,nvfp4", help="formats, comma-separated")
+    qb.add_argument("--hidden", default="4096,7168")
+    qb.add_argument("--tokens", default="1,2,4,8,16,32,64,128,256,512,1024", help="tokens per DP rank")
+    qb.add_argument("--out", default=None)
+    qb.set_defaults(fn=cmd_bench_quant)
 
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", action="append", default=None,

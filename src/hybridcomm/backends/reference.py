@@ -16,6 +16,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
 from ..norm import add_rms_norm
+from ..quant.reference import quantized_move
 
 
 def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -62,6 +63,15 @@ def host_counts(sizes: Sizes, index: int, available_rows: int, what: str) -> lis
     return counts
 
 
+def gather_owned(rows: torch.Tensor, counts: list[int], group: Group, capacity: int, quant=None):
+    """Every member's own rows, concatenated and padded to `capacity`; with `quant`, each
+    member quantizes its rows first and the quantized bytes travel (QuantizedRows)."""
+    def gather(t):
+        return pad_rows(torch.cat(gather_rows(t, counts, group)), capacity)
+
+    return quantized_move(rows, quant, gather)
+
+
 class ReferenceBackend:
     name = "reference"
 
@@ -72,15 +82,15 @@ class ReferenceBackend:
         parts = gather_rows(x, [x.shape[0]] * group.size, group)
         return sum_in_order(parts).to(x.dtype)
 
-    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
+    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None):
         counts = host_counts(sizes, group.index, x.shape[0], "all_gather_v")
-        out = torch.cat(gather_rows(x, counts, group))
-        return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
+        return gather_owned(x[: counts[group.index]], counts, group,
+                            result_rows(sizes, group.index, x.shape[0], gathered=True), quant)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         return _sum_my_rows(x, sizes, group.index, group, "reduce_scatter_v: sizes")
 
-    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
         tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
         counts = host_counts(dp_sizes, dp.index, x.shape[0], "gather_tokens")
         mine = x[: counts[dp.index]]
@@ -91,8 +101,7 @@ class ReferenceBackend:
         else:
             send, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]],
                                               fusion.weight, fusion.eps)
-        out = pad_rows(torch.cat(gather_rows(send, counts, dp)),
-                       result_rows(dp_sizes, dp.index, x.shape[0], gathered=True))
+        out = gather_owned(send, counts, dp, result_rows(dp_sizes, dp.index, x.shape[0], gathered=True), quant)
         if fusion is None:
             return out
         return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], gathered=False))

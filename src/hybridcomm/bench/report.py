@@ -125,11 +125,12 @@ def write(results: dict, out: Path, kind: str) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     written = [out]
-    markdown = {"ops": ops_markdown, "transitions": transitions_markdown}.get(kind)
+    from .quant import quant_markdown, quant_plot
+    markdown = {"ops": ops_markdown, "transitions": transitions_markdown, "quant": quant_markdown}.get(kind)
     if markdown:
         out.with_suffix(".md").write_text(markdown(results))
         written.append(out.with_suffix(".md"))
-    plot = {"ops": ops_plot, "transitions": transitions_plot}.get(kind)
+    plot = {"ops": ops_plot, "transitions": transitions_plot, "quant": quant_plot}.get(kind)
     if plot and results.get("environment", {}).get("gpu") and plot(results, out.with_suffix(".png")) is None:
         written.append(out.with_suffix(".png"))
     return written
