@@ -14,8 +14,8 @@ from hybridcomm.quant.reference import e2m1_codes, to_e4m3
 from hybridcomm.quant.swizzle import swizzled_offset
 
 
-def run_quant_checked(pool, world, qcases):
-    per_rank = pool(world).run(check_quant_cases, qcases, timeout=280)
+def run_quant_checked(pool, world, qcases, exact="all"):
+    per_rank = pool(world).run(check_quant_cases, qcases, "auto", "auto", exact, timeout=280)
     failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
                 for q, (d, _) in zip(qcases, res) if d]
     # a gather's result is the same bits on every rank of the group
@@ -40,6 +40,15 @@ def test_quantized_gathers_fp32_and_fp16_inputs(pool):
     lays = [Layout(2), Layout(2, attn_tp=2)]
     qcases = [q for lay in lays for q in quant_cases(lay, dtypes=("float32", "float16"), device_sizes=(False,), seed=7)]
     run_quant_checked(pool, 2, qcases)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("exact", ["own_norm", "bound"])
+def test_the_gpu_tests_comparisons_run_on_cpu(pool, exact):
+    """test_gpu_quant.py compares fused cases with our own normed rows and NCCL within the
+    bound: the same checks on the reference backend (where both must pass)."""
+    qcases = [q for lay in (Layout(2), Layout(2, attn_tp=2)) for q in quant_cases(lay, seed=11)]
+    run_quant_checked(pool, 2, qcases, exact)
 
 
 # -- bad input ------------------------------------------------------------------------------

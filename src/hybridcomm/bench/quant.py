@@ -28,22 +28,13 @@ from ..quant import FORMATS, parse_quant, quantize
 from . import timing
 from .baselines import NcclSymmetricBuffers
 from .ops import add_forced_calls, forced_communicators
-from .transitions import IMBALANCED
+from .transitions import token_cases
 
 HIDDENS = (4096, 7168)
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 DTYPE = torch.bfloat16
 BUFFERS = 5  # input, reduced chunk, gathered data, gathered scales, quantized bytes to send
 GLOBAL_SCALE = 448.0 * 6.0 / 5.0  # nvfp4: randn rows have amax about 5
-
-
-def token_cases(layout: Layout, tokens: list[int]) -> list[tuple[str, list[int]]]:
-    dp = layout.attn_dp
-    cases = [("balanced", [t] * dp) for t in tokens]
-    if dp > 1:
-        uneven = [IMBALANCED] + [1] * (dp - 1)
-        cases += [("imbalanced", uneven), ("same_total", split_evenly(sum(uneven), dp)[::-1])]
-    return cases
 
 
 def _cut(buffer: torch.Tensor, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..check import Case, _with_spare, communicator, digest, expected, fusion_inputs, member_input
+from ..check import (Case, _with_spare, capture, communicator, digest, expected, fusion_inputs, member_input,
+                     replay_sizes)
 from ..layout import Layout
 from .formats import E2M1_MAX, E4M3_MAX, FORMATS
 from .reference import quantize
@@ -191,21 +192,12 @@ def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: i
             return comm.gather_tokens(x, sizes_dev, case0.partial, residual=residual, norm_weight=weight, **kw)
         return comm.gather_tokens(x, sizes_dev, case0.partial, **kw)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        op()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = op()
+    graph, out = capture(op)
     got_rows, got_residual = out if isinstance(out, tuple) else (out, None)
     rng = random.Random(seed)
     failures, digests = [], []
     for it in range(replays):
-        sizes = [rng.randint(0, capacity) for _ in range(count)]
-        if it % 3 == 0:
-            sizes[rng.randrange(count)] = 0
+        sizes = replay_sizes(rng, count, capacity, it)
         qcase = replace(template, case=replace(case0, sizes=tuple(sizes), device_sizes=True, seed=seed * 1000003 + it))
         want, want_residual, rows, g = oracle(qcase, rank, device)
         if scale is not None:
