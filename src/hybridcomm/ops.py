@@ -123,6 +123,6 @@ def algorithms_where(predicate) -> dict[str, str]:
 
 def describe() -> str:
     """One line per op: its algorithms and their protocols (`hybridcomm info`)."""
-    return "\n".join(f"  {s.name:<18} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
+    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
                      + "".join(f"; {axis}=1: {other}" for axis, other in s.reduces_to.items())
                      for s in OPS.values())
