@@ -192,12 +192,15 @@ __global__ void __launch_bounds__(kThreads)
   uint8_t* scale_bytes = reinterpret_cast<uint8_t*>(row + io.row_lanes * Lane<T>::kN);
   __shared__ float warp_buf[kThreads / 32];
 
-  const CallCtx cx = begin_call(g, op);
+  CallCtx cx = begin_call(g, op);
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   const bool fused = residual != nullptr, reduce = partial && tp > 1;
+  // Peers must agree on the format and the fusion too: both go in the algorithm field.
+  arrive(cx, make_fingerprint(op, Lane<T>::kDType, F | (fused ? 4 : 0), s.variant(partial), s.rc.hash,
+                              (uint64_t)io.row_lanes * 8));
   const int64_t rows = s.rc.count[s.d], in_lanes = io.in_lanes();
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
 
