@@ -14,6 +14,7 @@ import math
 import torch
 
 from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs
+from .quant.formats import FORMATS
 
 _groups: list[tuple[ctypes.CDLL, object]] = []  # handle -> (library, pointer to GroupArgs)
 poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten rows show
@@ -128,7 +129,6 @@ def scatter_tokens(y, sizes, host_sizes, group, tp, algorithm, out_rows):
 
 def _quant_outputs(x, format, out_rows):
     """Empty (data, scales) of `out_rows` quantized rows (hybridcomm.quant.formats)."""
-    from .quant.formats import FORMATS
     spec = next(f for f in FORMATS.values() if f.code == format)
     hidden = x.shape[1]
     data = x.new_empty((out_rows, spec.data_cols(hidden)), dtype=spec.data_dtype)

@@ -42,10 +42,10 @@ class NvlinkBackend:
             return self.workspace.blocker
         if group.name not in self.handles:
             return f"group {group.name!r} has one rank: nothing to communicate"
-        if OPS[op].quantized and (x.dim() != 2 or x.shape[1] % 16 or x.shape[1] > MAX_QUANT_HIDDEN):
+        spec = OPS[op]
+        if spec.quantized and (x.dim() != 2 or x.shape[1] % 16 or x.shape[1] > MAX_QUANT_HIDDEN):
             return (f"quantized rows of shape {tuple(x.shape[1:])}: the kernel takes a hidden size that is a "
                     f"multiple of 16, at most {MAX_QUANT_HIDDEN}")
-        spec = OPS[op]
         alg = spec.algorithm(algorithm)
         if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
