@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,layer}
+"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -178,6 +178,20 @@ def cmd_bench_transitions(args) -> int:
     return 0
 
 
+def cmd_bench_quant(args) -> int:
+    from .bench.quant import bench_quant, quant_markdown
+
+    if not torch.cuda.is_available():
+        raise ca.UsageError("bench quant times our CUDA kernels against NCCL: it needs GPUs")
+    if ca.same_world(args.layouts) != args.world:
+        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
+    ca.check_device("cuda", args.world)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    print(quant_markdown(results))
+    _write(results, args.out, "quant")
+    return 0
+
+
 def _token_lists(counts: list[int], imbalanced: bool) -> list:
     tokens: list = list(counts)
     if imbalanced:
@@ -253,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(fn=cmd_build)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
     ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
     ops.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     ops.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
@@ -270,6 +284,18 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
+
+    qb = bench.add_parser("quant", help="quantized gather_tokens vs bf16 and quantize-then-NCCL")
+    qb.add_argument("--layouts", type=ca.layout_list, default="dp4,dp2xtp2",
+                    help="comma-separated layouts of --world ranks (default dp4,dp2xtp2)")
+    qb.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    qb.add_argument("--quant", type=ca.quant_list, default="fp8,fp8_block128,nvfp4",
+                    help="formats, comma-separated (default fp8,fp8_block128,nvfp4)")
+    qb.add_argument("--hidden", type=ca.count_list, default="4096,7168", help="hidden sizes (default 4096,7168)")
+    qb.add_argument("--tokens", type=ca.count_list, default="1,2,4,8,16,32,64,128,256,512,1024",
+                    help="tokens per DP rank, comma-separated (default 1..1024)")
+    qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    qb.set_defaults(fn=cmd_bench_quant)
 
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", type=ca.layout, action="append", default=None,

@@ -19,6 +19,7 @@ from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
 from .ops import OPS
+from .quant import QuantSpec, parse_quant
 
 BACKENDS = ("auto", "reference", "nccl", "nvlink")
 
@@ -97,10 +98,19 @@ class Communicator:
         backend, algorithm = self._select("all_reduce", g, x)
         return backend.all_reduce(x, g, algorithm)
 
-    def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
-        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order."""
+    def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world", *, quant: str | None = None,
+                     global_scale=None):
+        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order.
+
+        With `quant` ("fp8", "fp8_block128", "nvfp4"; nvfp4 also needs `global_scale`): each
+        rank quantizes its rows and the quantized bytes travel; returns `QuantizedRows`
+        (see hybridcomm.quant for the exact formats).
+        """
+        spec = None
 
         def check(g):
+            nonlocal spec
+            spec = parse_quant(quant, global_scale, x, self.device)
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
@@ -108,8 +118,9 @@ class Communicator:
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
-        backend, algorithm = self._select("all_gather_v", g, x, s, g.index)
-        return backend.all_gather_v(x, s, g, algorithm)
+        op = "all_gather_v" if spec is None else "all_gather_v_quant"
+        backend, algorithm = self._select(op, g, x, s, g.index, spec)
+        return backend.all_gather_v(x, s, g, algorithm, quant=spec)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
         """x holds sum(sizes) rows (partial); returns this rank's sizes[i_me] rows, summed."""
@@ -128,19 +139,24 @@ class Communicator:
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes, partial: bool = True, *,
                       residual: torch.Tensor | None = None,
-                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6):
+                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                      quant: str | None = None, global_scale=None):
         """Attention output -> MoE input: every rank gets all sum(dp_sizes) rows, reduced
         over attn-TP (when `partial`), in DP-group order.
 
         With `residual` and `norm_weight`: returns (normed, residual_out), where
         residual_out = reduced + residual (this DP group's rows) and normed = the gathered
         RMSNorm(residual_out) * norm_weight, computed in fp32.
+
+        With `quant` (see all_gather_v): the rows (reduced, and normed when fused) are
+        quantized by the ranks that own them and the gathered rows are `QuantizedRows`.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
-        fusion = None
+        fusion = spec = None
 
         def check(_):
-            nonlocal fusion
+            nonlocal fusion, spec
+            spec = parse_quant(quant, global_scale, x, self.device)
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
@@ -153,6 +169,9 @@ class Communicator:
 
         _, s = self._check("gather_tokens", "world", check,
                            lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
+        if spec is not None:
+            backend, algorithm = self._select("gather_tokens_quant", world, x, s, dp.index, spec)
+            return backend.gather_tokens(x, s, bool(partial), fusion, algorithm, quant=spec)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
         backend, algorithm = self._select(op, world, x, s, dp.index)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
@@ -213,12 +232,16 @@ class Communicator:
         return self.groups[name]
 
     @staticmethod
-    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int) -> int:
+    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int,
+                       quant: QuantSpec | None = None) -> int:
         """The bytes the selection table compares: the op's input, or its result (its
-        capacity when sizes live on the device), as ops.OPS says."""
+        capacity when sizes live on the device), as ops.OPS says; quantized rows count
+        their data and scale bytes."""
         if OPS[op].message == "input":
             return x.numel() * x.element_size()
         row_bytes = math.prod(x.shape[1:]) * x.element_size()
+        if quant is not None:
+            row_bytes = quant.format.row_bytes(x.shape[1])
         return result_rows(sizes, index, x.shape[0], gathered=True) * row_bytes
 
     def _check_fusion(self, x, residual, weight, eps) -> ResidualNorm:
@@ -286,7 +309,8 @@ class Communicator:
     def _on_reference(self) -> bool:
         return self.forced == "reference" or self.device.type == "cpu"
 
-    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0):
+    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
+                quant: QuantSpec | None = None):
         if self.forced in ("reference", "nccl") or self.device.type == "cpu":
             name = self.forced or "reference"
             self.last_choice = algorithms.Choice(name, None, f"backend={name!r}" if self.forced else "CPU")
@@ -298,7 +322,7 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index), blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
         self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 

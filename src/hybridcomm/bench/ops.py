@@ -34,7 +34,7 @@ from .baselines import NcclSymmetricBuffers, SymmMemBuffer
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [2 * KiB, 8 * KiB, 32 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
                  8 * MiB, 16 * MiB, 64 * MiB]
-OPS = tuple(name for name, spec in REGISTRY.items() if not spec.on_world)  # the group collectives
+OPS = tuple(name for name, spec in REGISTRY.items() if not spec.on_world and not spec.quantized)  # group collectives
 BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
 DTYPE = torch.bfloat16
 

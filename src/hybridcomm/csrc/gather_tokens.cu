@@ -14,6 +14,7 @@
 //
 // Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
 // indexed by that group-local lane in every phase.
+#include "block_reduce.cuh"
 #include "launch.cuh"
 
 namespace hc {
@@ -97,24 +98,6 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenSh
   }
   // Phase 2: every chunk summed elsewhere.
   receive_chunked(cx, s, 1, false, out, out_lanes);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);  // same bits on all lanes
-  return v;
-}
-
-// Sum over the block in a fixed order (butterfly in each warp, then warps in index order),
-// so every thread, and every rank holding the same row, gets the same bits.
-__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums is reused by the next row
-  return total;
 }
 
 template <typename T>
