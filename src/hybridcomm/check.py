@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 
 from .arguments import split_evenly
-from .backends.reference import sum_in_order
 from .layout import Layout
 from .norm import add_rms_norm
 
@@ -111,6 +110,16 @@ def _with_spare(x: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 # -- oracle ---------------------------------------------------------------------------------
+def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """fp32 sum in list order, ((p0 + p1) + p2) + ...: the order every backend promises.
+    The oracle's own, so that a change to a backend's summation cannot hide from it."""
+    total = torch.zeros_like(parts[0], dtype=torch.float32)
+    total.copy_(parts[0])
+    for part in parts[1:]:
+        total = total + part.to(torch.float32)
+    return total
+
+
 def expected(case: Case, rank: int, device):
     """What `rank` must receive: a tensor, or (normed, residual_out) for the fused gather."""
     lay = case.layout
@@ -289,6 +298,28 @@ def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = Fa
     return outcomes
 
 
+def replay_sizes(rng: random.Random, count: int, capacity: int, it: int) -> list[int]:
+    """Random counts for replay `it`, up to `capacity`; every third replay has a zero."""
+    sizes = [rng.randint(0, capacity) for _ in range(count)]
+    if it % 3 == 0:
+        sizes[rng.randrange(count)] = 0
+    return sizes
+
+
+def capture(op):
+    """(CUDA graph of one call of op, its output); op runs once on a side stream first, so
+    lazy setup stays out of the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op()
+    return graph, out
+
+
 def replay_check(template: Case, replays: int, capacity: int, table: str = "auto", seed: int = 0) -> dict:
     """Worker entry: capture `template`'s op once in a CUDA graph with device-side sizes at
     `capacity` rows per member, then replay it with random sizes (zeros included) and fresh
@@ -317,21 +348,12 @@ def replay_check(template: Case, replays: int, capacity: int, table: str = "auto
             return comm.gather_tokens(x, sizes_dev, template.partial, residual=residual, norm_weight=weight)
         return comm.gather_tokens(x, sizes_dev, template.partial)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        op()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = op()
+    graph, out = capture(op)
     outs = out if isinstance(out, tuple) else (out,)
     rng = random.Random(seed)
     failures, digests = [], []
     for it in range(replays):
-        sizes = [rng.randint(0, capacity) for _ in range(count)]
-        if it % 3 == 0:
-            sizes[rng.randrange(count)] = 0
+        sizes = replay_sizes(rng, count, capacity, it)
         case = Case(template.op, lay, tuple(sizes), template.group, template.row_shape, template.dtype,
                     template.data, template.partial, template.fused, True, seed * 1000003 + it)
         x.fill_(1e4)  # rows beyond the counts must never be read

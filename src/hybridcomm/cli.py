@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,layer}
+"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
+from . import cli_args as ca
 from .layout import Layout
+from .ops import OPS
 
 
 def _default_device() -> str:
@@ -27,6 +29,7 @@ def _progress(msg: str) -> None:
 
 # -- info --------------------------------------------------------------------------------------
 def cmd_info(args) -> int:
+    from .ops import describe as describe_ops
     from .workspace import DEFAULT_AREA_BYTES, describe_plan
 
     from . import __version__
@@ -46,11 +49,14 @@ def cmd_info(args) -> int:
                 print(f"  {i:>3} " + " ".join(cells))
     else:
         print("CUDA: not available (CPU: reference backend over gloo)")
-    layout = Layout.parse(args.layout)
+    layout = args.layout
     print()
     print(layout.rank_table())
     print()
     print(describe_plan(layout, args.workspace_bytes or DEFAULT_AREA_BYTES))
+    print()
+    print("ops and their kernel algorithms (protocol):")
+    print(describe_ops())
     return 0
 
 
@@ -112,7 +118,8 @@ def cmd_check(args) -> int:
         return code
     from .spmd import SpmdPool
 
-    device = args.device or _default_device()
+    device = ca.check_device(args.device or _default_device(), args.world)
+    ca.check_backend(args.backend, device)
     cases = check_world(args.world, args.quick)
     _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
               f"{args.world} on {device}, backend {args.backend} ...")
@@ -139,17 +146,18 @@ def _write(results: dict, out: str | None, kind: str) -> None:
     if out:
         from .bench import report
 
-        for path in report.write(results, out, kind):
-            _progress(f"wrote {path}")
+        written, skipped = report.write(results, out, kind)
+        _progress("wrote " + ", ".join(str(p) for p in written))
+        for why in skipped:
+            _progress(f"no plot: {why}")
 
 
 def cmd_bench_ops(args) -> int:
     from .bench import report
     from .bench.ops import bench_ops
 
-    device = args.device or _default_device()
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    results = bench_ops(args.world, device, sizes)
+    device = ca.check_device(args.device or _default_device(), args.world)
+    results = bench_ops(args.world, device, args.sizes)
     print(report.ops_markdown(results))
     _write(results, args.out, "ops")
     return 0
@@ -160,52 +168,87 @@ def cmd_bench_transitions(args) -> int:
     from .bench.transitions import bench_transitions
 
     if not torch.cuda.is_available():
-        print("bench transitions times our CUDA kernels against NCCL: it needs GPUs", file=sys.stderr)
-        return 2
-    results = bench_transitions(args.layouts.split(","), args.world)
+        raise ca.UsageError("bench transitions times our CUDA kernels against NCCL: it needs GPUs")
+    if ca.same_world(args.layouts) != args.world:
+        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
+    ca.check_device("cuda", args.world)
+    results = bench_transitions([lay.name for lay in args.layouts], args.world)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
     return 0
 
 
-def _token_lists(text: str, imbalanced: bool) -> list:
-    tokens: list = [int(t) for t in text.split(",")]
+def cmd_bench_quant(args) -> int:
+    from .bench.quant import bench_quant, quant_markdown
+
+    if not torch.cuda.is_available():
+        raise ca.UsageError("bench quant times our CUDA kernels against NCCL: it needs GPUs")
+    if ca.same_world(args.layouts) != args.world:
+        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
+    ca.check_device("cuda", args.world)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    print(quant_markdown(results))
+    _write(results, args.out, "quant")
+    return 0
+
+
+def _token_lists(counts: list[int], imbalanced: bool) -> list:
+    tokens: list = list(counts)
     if imbalanced:
         tokens += [[64] + [1] * (d - 1) for d in (2, 4, 8)]  # one DP rank busy, the rest nearly idle
     return tokens
 
 
 def cmd_bench_layer(args) -> int:
-    from .bench.layer import bench_layer, format_layer_table
+    from .bench.layer import _points, bench_layer, format_layer_table
+    from .model.config import ModelConfig, dtype_from_name
 
-    device = args.device or _default_device()
-    layouts = args.layout or ["dp2xtp2"]
+    layouts = args.layout or [Layout.parse("dp2xtp2")]
+    world = ca.same_world(layouts)
+    device = ca.check_device(args.device or _default_device(), world)
     cuda = device == "cuda"
-    backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
+    backends = args.backends or (["nccl", "auto"] if cuda else ["reference"])
+    for b in backends:
+        ca.check_backend(b, device, "--backends")
     config = args.config or ("bench" if cuda else "tiny")
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    tokens = _token_lists(args.tokens or ("1,4,16,64,256" if cuda else "4,16"), args.imbalanced)
-    world = Layout.parse(layouts[0]).world_size
-    results = bench_layer(layouts, tokens, world, device=device, backends=backends, steps=args.steps,
+    tokens = _token_lists(args.tokens or ([1, 4, 16, 64, 256] if cuda else [4, 16]), args.imbalanced)
+    names = [lay.name for lay in layouts]
+    try:  # the model must fit the layouts (heads, experts): a usage error, found before any process starts
+        _points(names, tokens, world, ModelConfig.named(config, dtype_from_name(dtype)))
+    except ValueError as e:
+        raise ca.UsageError(str(e)) from None
+    results = bench_layer(names, tokens, world, device=device, backends=backends, steps=args.steps,
                           dtype=dtype, config=config)
+    print(_timing_note(results["graphs"], device))
     print(format_layer_table(results))
-    _write_table(results, format_layer_table(results), args.out)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        out.with_suffix(".md").write_text(f"{_timing_note(results['graphs'], device)}\n\n```\n"
+                                          f"{format_layer_table(results)}\n```\n")
+        _progress(f"wrote {out}, {out.with_suffix('.md')} (the layer benchmark draws no plot)")
     return 0
 
 
-def _write_table(results: dict, table: str, out: str | None) -> None:
-    """JSON at `out`, the text table beside it (.md)."""
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, indent=1))
-        Path(out).with_suffix(".md").write_text("```\n" + table + "\n```\n")
-        _progress(f"wrote {out}")
+def _timing_note(graphs: bool, device: str) -> str:
+    if graphs:
+        return "µs per decode step: CUDA graph replay, median of repeats, max over ranks"
+    return (f"µs per decode step: eager wall clock on {device} (no CUDA graphs); "
+            + ("a development path, not a speed claim" if device == "cpu" else "includes launch overhead"))
 
 
 def _model_tokens(text: str) -> list:
     """'1,4,64:1' -> [1, 4, [64, 1]]: an int is that many tokens on every DP group, a ':' list
     one count per DP group (run only on layouts with that many groups)."""
-    return [[int(t) for t in item.split(":")] if ":" in item else int(item) for item in text.split(",")]
+    try:
+        items = [[int(t) for t in item.split(":")] if ":" in item else int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,4,64:1, got {text!r}") from None
+    if any(min(i if isinstance(i, list) else [i]) < 0 for i in items):
+        raise argparse.ArgumentTypeError(f"counts must be non-negative, got {text!r}")
+    return items
 
 
 def cmd_bench_model(args) -> int:
@@ -213,33 +256,47 @@ def cmd_bench_model(args) -> int:
 
     device = args.device or _default_device()
     cuda = device == "cuda"
-    layouts = args.layout or ["dp2" if cuda and torch.cuda.device_count() < 4 else "dp2xtp2"]
-    world = Layout.parse(layouts[0]).world_size
-    backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
+    layouts = args.layout or [Layout.parse("dp2" if cuda and torch.cuda.device_count() < 4 else "dp2xtp2")]
+    world = ca.same_world(layouts)
+    device = ca.check_device(device, world)
+    backends = args.backends or (["nccl", "auto"] if cuda else ["reference"])
+    for b in backends:
+        ca.check_backend(b, device, "--backends")
     config = args.config or ("qwen3-30b-a3b" if cuda else "qwen3_moe-small")
-    tokens = _model_tokens(args.tokens or ("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2"))
-    results = bench_model(config, layouts, tokens, world, device, backends, args.steps,
+    tokens = args.tokens or _model_tokens("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2")
+    results = bench_model(config, [lay.name for lay in layouts], tokens, world, device, backends, args.steps,
                           args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
                           check_logits=not args.no_check, seed=args.seed, eager=args.eager)
-    print(format_model_table(results))
-    print(verdict(results))
-    _write_table(results, format_model_table(results) + "\n" + verdict(results), args.out)
+    table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
+        _progress(f"wrote {out}, {out.with_suffix('.md')}")
     return 0 if "FAIL" not in verdict(results) else 1
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybridcomm", description=__doc__.splitlines()[0])
+    p = ca.OneLineParser(prog="hybridcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    layout_help = ("layout: shorthand dp4, dp2xtp2, tp4 (+ ',moe_tp2'), or any world as "
+                   "world=6,attn_tp=3,moe_tp=2")
+    device_help = "cpu (gloo processes, reference backend) or cuda (one GPU per rank); default: cuda with 2+ GPUs"
 
     info = sub.add_parser("info", help="versions, GPUs, peer access, a layout's ranks, workspace memory")
-    info.add_argument("--layout", default="dp2xtp2")
-    info.add_argument("--workspace-bytes", type=int, default=None)
+    info.add_argument("--layout", type=ca.layout, default="dp2xtp2", help=layout_help + " (default dp2xtp2)")
+    info.add_argument("--workspace-bytes", type=ca.workspace_bytes, default=None,
+                      help="nvlink workspace per peer, phase and slot: bytes, or with a K/M suffix; a multiple "
+                           "of 16 (default 4M)")
     info.set_defaults(fn=cmd_info)
 
     check = sub.add_parser("check", help="every op over every layout of a world against the oracle")
-    check.add_argument("--world", type=int, default=4)
-    check.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    check.add_argument("--backend", choices=["auto", "reference", "nccl", "nvlink"], default="auto")
+    check.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    check.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
+                       help="force a backend (nccl and nvlink need --device cuda); default auto")
     check.add_argument("--quick", action="store_true", help="integer data only")
     check.set_defaults(fn=cmd_check)
 
@@ -249,57 +306,86 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(fn=cmd_build)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
-    ops.add_argument("--world", type=int, default=4)
-    ops.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    ops.add_argument("--sizes", default=None, help="comma-separated bytes")
-    ops.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
+    ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
+    ops.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    ops.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    ops.add_argument("--sizes", type=ca.byte_list, default=None,
+                     help="message sizes, comma-separated: bytes or with a K/M/G suffix, e.g. 2K,1M "
+                          "(default 2K..64M)")
+    ops.add_argument("--out", default=None, help="JSON path (.md and, on GPUs, .png written beside it)")
     ops.set_defaults(fn=cmd_bench_ops)
 
-    tr = bench.add_parser("transitions", help="gather_tokens / scatter_tokens vs the two-kernel sequences")
-    tr.add_argument("--layouts", default="dp2xtp2,dp4,tp4")
-    tr.add_argument("--world", type=int, default=4)
-    tr.add_argument("--out", default=None)
+    tr = bench.add_parser("transitions", help="gather_tokens / scatter_tokens vs the two-kernel sequences (GPUs)")
+    tr.add_argument("--layouts", type=ca.layout_list, default="dp2xtp2,dp4,tp4",
+                    help="comma-separated layouts of --world ranks (default dp2xtp2,dp4,tp4); separate "
+                         "key=value layouts with ';'")
+    tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
 
+    qb = bench.add_parser("quant", help="quantized gather_tokens vs bf16 and quantize-then-NCCL")
+    qb.add_argument("--layouts", type=ca.layout_list, default="dp4,dp2xtp2",
+                    help="comma-separated layouts of --world ranks (default dp4,dp2xtp2)")
+    qb.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    qb.add_argument("--quant", type=ca.quant_list, default="fp8,fp8_block128,nvfp4",
+                    help="formats, comma-separated (default fp8,fp8_block128,nvfp4)")
+    qb.add_argument("--hidden", type=ca.count_list, default="4096,7168", help="hidden sizes (default 4096,7168)")
+    qb.add_argument("--tokens", type=ca.count_list, default="1,2,4,8,16,32,64,128,256,512,1024",
+                    help="tokens per DP rank, comma-separated (default 1..1024)")
+    qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    qb.set_defaults(fn=cmd_bench_quant)
+
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
-    layer.add_argument("--layout", action="append", default=None,
-                       help="layout (repeat for several), e.g. dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2")
-    layer.add_argument("--tokens", default=None, help="tokens per DP rank, comma-separated")
+    layer.add_argument("--layout", type=ca.layout, action="append", default=None,
+                       help=layout_help + "; repeat for several of the same world (default dp2xtp2)")
+    layer.add_argument("--tokens", type=ca.count_list, default=None,
+                       help="tokens per DP rank, comma-separated (default 1,4,16,64,256 on GPUs, 4,16 on CPU)")
     layer.add_argument("--imbalanced", action="store_true", help="also one DP rank with 64 tokens, others 1")
-    layer.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
-    layer.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    layer.add_argument("--config", choices=["tiny", "bench"], default=None)
-    layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
-    layer.add_argument("--steps", type=int, default=20)
-    layer.add_argument("--out", default=None)
+    layer.add_argument("--backends", type=ca.backend_list, default=None,
+                       help="comma-separated, the first is the speed-up baseline: auto (hybridcomm), nccl, "
+                            "nvlink, reference (default: nccl,auto on GPUs, reference on CPU)")
+    layer.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    layer.add_argument("--config", choices=["tiny", "bench"], default=None,
+                       help="model size (default: bench on GPUs, tiny on CPU)")
+    layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="default: bfloat16 on GPUs, float32 on CPU")
+    layer.add_argument("--steps", type=ca.positive_int, default=20, help="timed decode steps per point (default 20)")
+    layer.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     layer.set_defaults(fn=cmd_bench_layer)
 
     model = bench.add_parser("model", help="decode steps of a Hugging Face MoE model (hybridcomm.hf) per backend, "
                                            "checked against one device")
-    model.add_argument("--config", default=None, help="hybridcomm.hf.configs name (default: qwen3-30b-a3b on "
-                                                      "GPUs, qwen3_moe-small on CPU); e.g. deepseek-v3")
-    model.add_argument("--layers", type=int, default=None, help="override the config's number of layers")
-    model.add_argument("--layout", action="append", default=None,
-                       help="layout (repeat for several), e.g. dp2, tp2, dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2 "
-                            "(default: dp2 on 2-3 GPUs, dp2xtp2 on 4 GPUs or CPU)")
-    model.add_argument("--tokens", default=None,
-                       help="tokens per DP group, comma-separated; '64:1' = one count per DP group")
-    model.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
-    model.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    model.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
-    model.add_argument("--steps", type=int, default=16, help="decode steps per point")
-    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--config", default=None, help="a hybridcomm.hf.configs name (default: qwen3-30b-a3b on "
+                                                      "GPUs, qwen3_moe-small on CPU), e.g. deepseek-v3")
+    model.add_argument("--layers", type=ca.positive_int, default=None, help="override the config's layers")
+    model.add_argument("--layout", type=ca.layout, action="append", default=None,
+                       help=layout_help + "; repeat for several of the same world (default: dp2 on 2-3 GPUs, "
+                                          "dp2xtp2 on 4 GPUs or the CPU)")
+    model.add_argument("--tokens", type=_model_tokens, default=None,
+                       help="tokens per DP group, comma-separated; 64:1 gives one count per DP group "
+                            "(default 1,4,16,64,256,64:1,64:1:1:1 on GPUs, 4,6:2 on CPU)")
+    model.add_argument("--backends", type=ca.backend_list, default=None,
+                       help="comma-separated, the first is the speed-up baseline (default: nccl,auto on GPUs, "
+                            "reference on CPU)")
+    model.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    model.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="default: bfloat16 on GPUs, float32 on CPU")
+    model.add_argument("--steps", type=ca.positive_int, default=16, help="decode steps per point (default 16)")
+    model.add_argument("--seed", type=int, default=0, help="random weights and prompts (default 0)")
     model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
     model.add_argument("--eager", action="store_true", help="GPUs: no CUDA graphs (wall-clock step times)")
-    model.add_argument("--out", default=None, help="JSON path (.md beside it)")
+    model.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     model.set_defaults(fn=cmd_bench_model)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ca.UsageError as e:
+        return ca.report(" ".join(filter(None, [args.command, getattr(args, "bench", None)])), e)
 
 
 if __name__ == "__main__":

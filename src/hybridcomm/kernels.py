@@ -13,12 +13,8 @@ import math
 
 import torch
 
-from .build import MAX_RANKS, GroupArgs
-
-DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ALL_REDUCE = {"one_shot": 0, "two_shot": 1, "two_shot_bulk": 2}
-GATHER_TOKENS = {"one_shot": 0, "two_shot": 1, "fused": 2}
-SCATTER_TOKENS = {"one_shot": 0, "two_shot": 1}
+from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs
+from .quant.formats import FORMATS
 
 _groups: list[tuple[ctypes.CDLL, object]] = []  # handle -> (library, pointer to GroupArgs)
 poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten rows show
@@ -27,6 +23,12 @@ poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten
 def register_group(lib: ctypes.CDLL, args: GroupArgs) -> int:
     _groups.append((lib, ctypes.pointer(args)))
     return len(_groups) - 1
+
+
+def release_group(handle: int) -> None:
+    """Forget a handle's GroupArgs (its peer pointers die with the workspace). Handles are
+    indices, so the slot stays (None): a stale handle then fails loudly, never reuses memory."""
+    _groups[handle] = None
 
 
 def _new(shape, like: torch.Tensor) -> torch.Tensor:
@@ -70,6 +72,9 @@ _lib.define("gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tenso
             "float eps, int group, int tp, bool partial, int out_rows) -> (Tensor, Tensor)")
 _lib.define("scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int algorithm, "
             "int out_rows) -> Tensor")
+_lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? residual, Tensor? weight, float eps, "
+            "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows) "
+            "-> (Tensor, Tensor, Tensor)")
 
 
 def all_reduce(x, group, algorithm):
@@ -84,7 +89,8 @@ def all_gather_v(x, sizes, host_sizes, group, out_rows):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
-    _launch("all_gather_v", lib.hc_all_gather_v(args, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
+    dtype = DTYPE_CODE.get(x.dtype, OTHER_DTYPE)  # only compared across ranks: rows move as bytes
+    _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
                                                 x.shape[0], out_rows, _stream(x)))
     return out
 
@@ -114,7 +120,7 @@ def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, p
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     residual_out = _new(residual.shape, x)
     dev, host = _sizes(sizes, host_sizes)
-    _launch("gather_tokens", lib.hc_gather_tokens(args, GATHER_TOKENS["fused"], DTYPE_CODE[x.dtype], tp,
+    _launch("gather_tokens", lib.hc_gather_tokens(args, GatherTokensAlgorithm.FUSED, DTYPE_CODE[x.dtype], tp,
                                                   int(partial), x.data_ptr(), out.data_ptr(), residual.data_ptr(),
                                                   weight.data_ptr(), residual_out.data_ptr(), eps, dev, host,
                                                   _row_bytes(x), x.shape[0], out_rows, _stream(x)))
@@ -131,8 +137,36 @@ def scatter_tokens(y, sizes, host_sizes, group, tp, algorithm, out_rows):
     return out
 
 
-IMPLS = {"all_reduce": all_reduce, "all_gather_v": all_gather_v, "reduce_scatter_v": reduce_scatter_v,
-         "gather_tokens": gather_tokens, "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens}
+def _quant_outputs(x, format, out_rows):
+    """Empty (data, scales) of `out_rows` quantized rows (hybridcomm.quant.formats)."""
+    spec = next(f for f in FORMATS.values() if f.code == format)
+    hidden = x.shape[1]
+    data = x.new_empty((out_rows, spec.data_cols(hidden)), dtype=spec.data_dtype)
+    scales = x.new_empty((out_rows, spec.scale_cols(hidden)), dtype=spec.scale_dtype)
+    if poison_outputs:  # 0x7f bytes: NaN in e4m3
+        data.view(torch.uint8).fill_(0x7F)
+        scales.view(torch.uint8).fill_(0x7F)
+    return data, scales
+
+
+def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, group, tp, partial, op, format, out_rows):
+    """gather_tokens / all_gather_v with quantized rows (csrc/quant_gather.cu); returns
+    (data, scales, residual_out), residual_out empty unless residual is given."""
+    lib, args = _groups[group]
+    data, scales = _quant_outputs(x, format, out_rows)
+    residual_out = _new(residual.shape, x) if residual is not None else x.new_empty((0,))
+    dev, host = _sizes(sizes, host_sizes)
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+    _launch("quant_gather", lib.hc_quant_gather(
+        args, format, DTYPE_CODE[x.dtype], tp, int(partial), op, x.data_ptr(), ptr(residual), ptr(weight),
+        residual_out.data_ptr() if residual is not None else None, eps, ptr(global_scale),
+        data.data_ptr(), scales.data_ptr(), dev, host, x.shape[1], x.shape[0], out_rows, _stream(x)))
+    return data, scales, residual_out
+
+
+IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_gather_v": all_gather_v,
+         "reduce_scatter_v": reduce_scatter_v, "gather_tokens": gather_tokens,
+         "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens}
 for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CUDA")
 
@@ -158,5 +192,8 @@ torch.library.register_fake("hybridcomm::gather_tokens")(
     lambda x, s, h, g, tp, p, a, out_rows: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens_norm")(
     lambda x, s, h, r, w, e, g, tp, p, out_rows: (_fake_rows(x, out_rows), torch.empty_like(r)))
+torch.library.register_fake("hybridcomm::quant_gather")(
+    lambda x, s, h, r, w, e, gs, g, tp, p, op, format, out_rows: _quant_outputs(x, format, out_rows)
+    + ((torch.empty_like(r) if r is not None else x.new_empty((0,))),))
 torch.library.register_fake("hybridcomm::scatter_tokens")(
     lambda y, s, h, g, tp, a, out_rows: _fake_rows(y, out_rows))

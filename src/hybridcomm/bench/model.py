@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from ..communicator import Communicator
 from ..workspace import DEFAULT_AREA_BYTES
-from .layer import LABELS, _max_over_ranks, _worker_device, parse_layout, tokens_for
-from .timing import graph_us
+from .layer import LABELS, _worker_device, parse_layout, tokens_for
+from .timing import graph_us, max_over_ranks
 
 PROMPT = 8
 REPLAYS = 50
@@ -136,7 +136,7 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
         rows_in = bucket(max(tokens_per_dp), decoder.slots) if device_counts else tokens_per_dp[coords.attn_dp_rank]
         comm_us = _transitions_us(comm, len(model.layers), config.hidden_size, rows_in, tokens_per_dp, dtype,
                                   device_counts, graphs)
-        step_us, comm_us = _max_over_ranks([step_us, comm_us], device)
+        step_us, comm_us = max_over_ranks([step_us, comm_us])
         rows.append({"backend": LABELS.get(backend, backend), "step_us": step_us, "comm_us": comm_us,
                      "tokens_per_s": sum(tokens_per_dp) / step_us * 1e6})
         del decoder
@@ -163,7 +163,7 @@ def _check(config, seed, device, dtype, prompts, outputs, rows, coords) -> None:
         else:
             stats += [0.0, -1.0]
     del reference
-    worst = _max_over_ranks(stats, device)
+    worst = max_over_ranks(stats)
     for i, row in enumerate(rows):
         row["max_rel_error"], row["top1_agreement"] = worst[2 * i], -worst[2 * i + 1]
 
