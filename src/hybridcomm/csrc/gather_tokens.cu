@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
     gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
-  CallCtx cx = begin_call(g, kGatherTokens);
+  const CallCtx cx = begin_call(g, kGatherTokens);
   const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
