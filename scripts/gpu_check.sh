@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On the 4-GPU machine, in one call: build, GPU tests, benchmarks; logs and results under $OUT.
-#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer quant
-# (default: all but quant: quantized-gather tests and bench quant). NVLink multicast stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
+# On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
+# under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
+#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer quant ncu
+# (default: all but quant (quantized-gather tests and bench quant) and ncu). NVLink multicast
+# stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -9,6 +11,15 @@ OUT=${OUT:-results/gpu-run}
 LOGS="$OUT/run"  # everything goes here; packed into $OUT/run.tgz at the end (one file travels back)
 mkdir -p "$LOGS"
 stages=${*:-info build test check ops transitions layer}
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+if [ "$GPUS" -ge 4 ]; then WORLD=4; else WORLD=2; fi
+TAG="${WORLD}x$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)"
+if [ "$WORLD" -eq 4 ]; then
+  LAYOUTS=dp2xtp2,dp4,tp4; LAYER_LAYOUTS="--layout dp2xtp2 --layout dp4 --layout tp4"; MAIN=dp2xtp2
+else
+  LAYOUTS=dp2,tp2; LAYER_LAYOUTS="--layout dp2 --layout tp2"; MAIN=dp2
+fi
+echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS"
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
   local name=$1; shift
@@ -22,17 +33,22 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
 }
 for stage in $stages; do
   case $stage in
-    info) run info python3 -m hybridcomm info --layout dp2xtp2 ;;
+    info) run info python3 -m hybridcomm info --layout "$MAIN" ;;
     build) run build python3 -m hybridcomm build ;;
-    test) run test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 tests/test_gpu.py tests/test_gpu_agreement.py ;;
-    check) run check python3 -m hybridcomm check --world 4 --device cuda ;;
-    ops) run ops python3 -m hybridcomm bench ops --world 4 --out "$LOGS/ops_4xH200.json" ;;
-    transitions) run transitions python3 -m hybridcomm bench transitions --out "$LOGS/transitions_4xH200.json" ;;
-    layer) run layer python3 -m hybridcomm bench layer --layout dp2xtp2 --layout dp4 --layout tp4 \
-             --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_4xH200.json" ;;
+    test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py ;;
+    check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
+    ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
+    transitions) run transitions python3 -m hybridcomm bench transitions --world "$WORLD" --layouts "$LAYOUTS" \
+                   --out "$LOGS/transitions_$TAG.json" ;;
+    # shellcheck disable=SC2086  (one word per layout flag)
+    layer) run layer python3 -m hybridcomm bench layer $LAYER_LAYOUTS \
+             --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_$TAG.json" ;;
+    # ~1-3 minutes: rank 0's kernels under Nsight Compute (scripts/ncu_profile.py says what the numbers mean)
+    ncu) run ncu timeout "${NCU_TIMEOUT:-300}" python3 scripts/ncu_profile.py --world "$WORLD" --out "$LOGS/ncu_$TAG" ;;
     quant) run quant_test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider \
              -o faulthandler_timeout=300 tests/test_gpu_quant.py
-           run quant python3 -m hybridcomm bench quant --out "$LOGS/quant_4xH200.json" ;;
+           run quant python3 -m hybridcomm bench quant --out "$LOGS/quant_$TAG.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

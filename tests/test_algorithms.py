@@ -7,8 +7,8 @@ def never_blocked(algorithm):
 
 
 def test_the_first_rule_that_holds_the_message_wins():
-    assert choose("all_reduce", 2 * KiB, never_blocked).algorithm == "one_shot"
-    assert choose("all_reduce", 512 * KiB, never_blocked).algorithm == "one_shot"
+    assert choose("all_reduce", 2 * KiB, never_blocked).algorithm == "one_shot_lamport"
+    assert choose("all_reduce", 512 * KiB, never_blocked).algorithm == "one_shot_lamport"
     assert choose("all_reduce", 512 * KiB + 16, never_blocked).algorithm == "two_shot"
     assert choose("all_reduce", 4 * MiB, never_blocked).algorithm == "two_shot_bulk"
     big = choose("all_reduce", 64 * MiB, never_blocked)
@@ -24,7 +24,7 @@ def test_a_blocked_kernel_falls_back_to_nccl_with_the_reason():
 
     choice = choose("all_gather_v", 4 * KiB, blocked)
     assert (choice.backend, choice.reason) == ("nccl", "rows of 6 bytes are not a multiple of 16")
-    assert seen == ["one_shot"]
+    assert seen == ["one_shot_lamport"]
 
 
 def test_every_op_has_an_unbounded_last_rule_and_increasing_limits():

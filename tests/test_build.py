@@ -87,7 +87,8 @@ def test_launcher_signatures_in_abi_py_match_the_sources():
     """Every extern "C" launcher of csrc/*.cu has the argument types abi.SIGNATURES gives ctypes
     (a mismatch would pass garbage to a kernel, not fail)."""
     c_types = {"int": abi.ctypes.c_int, "int64_t": abi.ctypes.c_int64, "float": abi.ctypes.c_float,
-               "GroupArgs*": abi.ctypes.POINTER(abi.GroupArgs), "cudaStream_t": abi.ctypes.c_void_p}
+               "GroupArgs*": abi.ctypes.POINTER(abi.GroupArgs), "LamportArgs*": abi.ctypes.POINTER(abi.LamportArgs),
+               "cudaStream_t": abi.ctypes.c_void_p}
     found = {}
     for source in build.sources():
         text = re.sub(r"//[^\n]*", "", source.read_text())
@@ -96,9 +97,19 @@ def test_launcher_signatures_in_abi_py_match_the_sources():
             for param in params.split(","):
                 words = param.replace("*", " * ").split()[:-1]  # drop the parameter name
                 words = [w for w in words if w != "const"]
-                spelled = "".join(words) if words[0] == "GroupArgs" else " ".join(words)
+                spelled = "".join(words) if words[0] in ("GroupArgs", "LamportArgs") else " ".join(words)
                 types.append(c_types.get(spelled, abi.ctypes.c_void_p if "*" in words else None))
             found[name] = types
     assert set(found) == set(abi.SIGNATURES)
     for name, types in found.items():
         assert types == abi.SIGNATURES[name], name
+
+
+@pytest.mark.timeout(300)
+def test_lamport_args_layout_matches_the_header(tmp_path):
+    fields = [name for name, _ in abi.LamportArgs._fields_]
+    body = "\n".join([f'  printf("size %zu\\n", sizeof(hc::LamportArgs));']
+                     + [f'  printf("{f} %zu\\n", offsetof(hc::LamportArgs, {f}));' for f in fields])
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    expected = {"size": abi.ctypes.sizeof(abi.LamportArgs), **{f: getattr(abi.LamportArgs, f).offset for f in fields}}
+    assert {k: int(v) for k, v in got.items()} == expected

@@ -26,6 +26,10 @@ ROW_ALIGN_BYTES = 16  # rows (and all_reduce messages) are a multiple of this
 # -- protocols: payload bytes per unit, and area bytes per payload byte -----------------------
 LL_UNIT_BYTES, LL_WIRE_FACTOR = 8, 2
 BULK_UNIT_BYTES, BULK_WIRE_FACTOR = 16, 1
+LAMPORT_UNIT_BYTES, LAMPORT_WIRE_FACTOR = 16, 1
+LAMPORT_SLOTS = 3
+LAMPORT_STATE_WORDS = 3
+LAMPORT_ONE_SHOT = 8  # the fingerprint's algorithm field of a Lamport one-shot: this + its slot
 
 
 # -- codes --------------------------------------------------------------------------------------
@@ -133,6 +137,8 @@ C_NAMES: dict[str, int] = {
     "kFlagBytes": FLAG_BYTES, "kStateWords": STATE_WORDS, "kRowAlignBytes": ROW_ALIGN_BYTES,
     "kLLUnitBytes": LL_UNIT_BYTES, "kLLWireFactor": LL_WIRE_FACTOR,
     "kBulkUnitBytes": BULK_UNIT_BYTES, "kBulkWireFactor": BULK_WIRE_FACTOR,
+    "kLamportUnitBytes": LAMPORT_UNIT_BYTES, "kLamportWireFactor": LAMPORT_WIRE_FACTOR,
+    "kLamportSlots": LAMPORT_SLOTS, "kLamportStateWords": LAMPORT_STATE_WORDS, "kLamportOneShot": LAMPORT_ONE_SHOT,
     **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
@@ -144,6 +150,7 @@ C_NAMES: dict[str, int] = {
     "kFingerprintAlgorithmShift": FINGERPRINT_ALGORITHM_SHIFT, "kFingerprintVariantShift": FINGERPRINT_VARIANT_SHIFT,
     "kFingerprintCountsShift": FINGERPRINT_COUNTS_SHIFT, "kOtherDType": OTHER_DTYPE,
     "kCalls": 0, "kBlocksDone": 1, "kAborted": 2,  # GroupState words (device-only; listed for the probe)
+    "kLamportSlot": 0, "kLamportUsedUnits": 1, "kLamportMismatched": 2,  # LamportState words (device-only)
 }
 
 
@@ -166,14 +173,32 @@ class GroupArgs(ctypes.Structure):
     ]
 
 
+class LamportArgs(ctypes.Structure):
+    """hc::LamportArgs."""
+
+    _fields_ = [
+        ("bases", ctypes.c_void_p * MAX_RANKS),
+        ("state", ctypes.c_void_p),
+        ("area_bytes", ctypes.c_uint64),
+    ]
+
+
 _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-_G = ctypes.POINTER(GroupArgs)
+_G, _L = ctypes.POINTER(GroupArgs), ctypes.POINTER(LamportArgs)
 # extern "C" launchers: argument types (each returns int, a cudaError_t value).
+# Every launcher's last two: pdl (launch overlapping the previous kernel, csrc/pdl.cuh), stream.
 SIGNATURES = {
-    "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _P],
-    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
-    "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
-    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
-    "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _I, _P],
+    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    # quantized gather (quant_gather.cu): launched without PDL for now, so no pdl argument
     "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    # Lamport one-shots (lamport_*.cu)
+    "hc_lamport_all_reduce": [_G, _L, _I, _P, _P, _I64, _I, _P],
+    "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_lamport_reduce_scatter_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
 }

@@ -22,6 +22,7 @@ import torch
 from .arguments import split_evenly
 from .layout import Layout
 from .norm import add_rms_norm
+from .reserved import INT_OF_WIDTH, fix_reserved
 
 OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "scatter_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -38,7 +39,7 @@ class Case:
     group: str = "world"
     row_shape: tuple[int, ...] = (8,)
     dtype: str = "float32"
-    data: str = "int"               # "int" (exact) or "randn"
+    data: str = "int"               # "int" (exact), "randn", or "reserved" (randn with reserved NaNs)
     partial: bool = True
     fused: bool = False
     device_sizes: bool = False      # pass sizes as an int32 tensor (inputs then carry spare rows)
@@ -66,7 +67,10 @@ def _tensor(seed: int, shape: tuple[int, ...], case: Case, device) -> torch.Tens
         t = torch.randint(-8, 9, shape, generator=g).float()
     else:
         t = torch.randn(shape, generator=g)
-    return t.to(case.torch_dtype).to(device)
+    t = t.to(case.torch_dtype)
+    if case.data == "reserved":  # randn with every 5th element all ones (reserved.py), a NaN
+        t.view(-1).view(INT_OF_WIDTH[t.element_size()])[::5] = -1
+    return t.to(device)
 
 
 def _seed(case: Case, *parts: int) -> int:
@@ -123,7 +127,7 @@ def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
 def expected(case: Case, rank: int, device):
     """What `rank` must receive: a tensor, or (normed, residual_out) for the fused gather."""
     lay = case.layout
-    inp = lambda r: member_input(case, r, device)  # noqa: E731
+    inp = lambda r: fix_reserved(member_input(case, r, device))  # noqa: E731  (as every backend sees it)
     if case.op in GROUPED_OPS:
         members = lay.group_ranks(case.group, rank)
         me = members.index(rank)

@@ -13,15 +13,17 @@ import math
 
 import torch
 
-from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs
+from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs, LamportArgs
 from .quant.formats import FORMATS
 
 _groups: list[tuple[ctypes.CDLL, object]] = []  # handle -> (library, pointer to GroupArgs)
+_lamport: list[object] = []  # handle -> pointer to LamportArgs
 poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten rows show
 
 
-def register_group(lib: ctypes.CDLL, args: GroupArgs) -> int:
+def register_group(lib: ctypes.CDLL, args: GroupArgs, lamport: LamportArgs) -> int:
     _groups.append((lib, ctypes.pointer(args)))
+    _lamport.append(ctypes.pointer(lamport))
     return len(_groups) - 1
 
 
@@ -29,6 +31,7 @@ def release_group(handle: int) -> None:
     """Forget a handle's GroupArgs (its peer pointers die with the workspace). Handles are
     indices, so the slot stays (None): a stale handle then fails loudly, never reuses memory."""
     _groups[handle] = None
+    _lamport[handle] = None
 
 
 def _new(shape, like: torch.Tensor) -> torch.Tensor:
@@ -63,59 +66,60 @@ def _row_bytes(x: torch.Tensor) -> int:
 
 _lib = torch.library.Library("hybridcomm", "DEF")
 
-_lib.define("all_reduce(Tensor x, int group, int algorithm) -> Tensor")
-_lib.define("all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows) -> Tensor")
-_lib.define("reduce_scatter_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows) -> Tensor")
+# Every op's last argument, pdl: launch overlapping the previous kernel (csrc/pdl.cuh).
+_lib.define("all_reduce(Tensor x, int group, int algorithm, bool pdl) -> Tensor")
+_lib.define("all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, bool pdl) -> Tensor")
+_lib.define("reduce_scatter_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, bool pdl) -> Tensor")
 _lib.define("gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, int group, int tp, bool partial, "
-            "int algorithm, int out_rows) -> Tensor")
+            "int algorithm, int out_rows, bool pdl) -> Tensor")
 _lib.define("gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tensor residual, Tensor weight, "
-            "float eps, int group, int tp, bool partial, int out_rows) -> (Tensor, Tensor)")
+            "float eps, int group, int tp, bool partial, int out_rows, bool pdl) -> (Tensor, Tensor)")
 _lib.define("scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int algorithm, "
-            "int out_rows) -> Tensor")
+            "int out_rows, bool pdl) -> Tensor")
 _lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? residual, Tensor? weight, float eps, "
             "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows) "
             "-> (Tensor, Tensor, Tensor)")
 
 
-def all_reduce(x, group, algorithm):
+def all_reduce(x, group, algorithm, pdl):
     lib, args = _groups[group]
     out = _new(x.shape, x)
     _launch("all_reduce", lib.hc_all_reduce(args, algorithm, DTYPE_CODE[x.dtype], x.data_ptr(), out.data_ptr(),
-                                            x.numel() * x.element_size(), _stream(x)))
+                                            x.numel() * x.element_size(), int(pdl), _stream(x)))
     return out
 
 
-def all_gather_v(x, sizes, host_sizes, group, out_rows):
+def all_gather_v(x, sizes, host_sizes, group, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
     dtype = DTYPE_CODE.get(x.dtype, OTHER_DTYPE)  # only compared across ranks: rows move as bytes
     _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
-                                                x.shape[0], out_rows, _stream(x)))
+                                                x.shape[0], out_rows, int(pdl), _stream(x)))
     return out
 
 
-def reduce_scatter_v(x, sizes, host_sizes, group, out_rows):
+def reduce_scatter_v(x, sizes, host_sizes, group, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
     _launch("reduce_scatter_v", lib.hc_reduce_scatter_v(args, DTYPE_CODE[x.dtype], x.data_ptr(), out.data_ptr(),
                                                         dev, host, _row_bytes(x), x.shape[0], out_rows,
-                                                        _stream(x)))
+                                                        int(pdl), _stream(x)))
     return out
 
 
-def gather_tokens(x, sizes, host_sizes, group, tp, partial, algorithm, out_rows):
+def gather_tokens(x, sizes, host_sizes, group, tp, partial, algorithm, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
     _launch("gather_tokens", lib.hc_gather_tokens(args, algorithm, DTYPE_CODE[x.dtype], tp, int(partial),
                                                   x.data_ptr(), out.data_ptr(), None, None, None, 0.0, dev, host,
-                                                  _row_bytes(x), x.shape[0], out_rows, _stream(x)))
+                                                  _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out
 
 
-def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, partial, out_rows):
+def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, partial, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     residual_out = _new(residual.shape, x)
@@ -123,17 +127,17 @@ def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, p
     _launch("gather_tokens", lib.hc_gather_tokens(args, GatherTokensAlgorithm.FUSED, DTYPE_CODE[x.dtype], tp,
                                                   int(partial), x.data_ptr(), out.data_ptr(), residual.data_ptr(),
                                                   weight.data_ptr(), residual_out.data_ptr(), eps, dev, host,
-                                                  _row_bytes(x), x.shape[0], out_rows, _stream(x)))
+                                                  _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out, residual_out
 
 
-def scatter_tokens(y, sizes, host_sizes, group, tp, algorithm, out_rows):
+def scatter_tokens(y, sizes, host_sizes, group, tp, algorithm, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(y.shape[1:]), y)
     dev, host = _sizes(sizes, host_sizes)
     _launch("scatter_tokens", lib.hc_scatter_tokens(args, algorithm, DTYPE_CODE[y.dtype], tp, y.data_ptr(),
                                                     out.data_ptr(), dev, host, _row_bytes(y), y.shape[0], out_rows,
-                                                    _stream(y)))
+                                                    int(pdl), _stream(y)))
     return out
 
 
@@ -164,9 +168,61 @@ def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, grou
     return data, scales, residual_out
 
 
+# -- Lamport protocol (csrc/lamport.cuh)
+_lib.define("lamport_all_reduce(Tensor x, int group, bool pdl) -> Tensor")
+_lib.define("lamport_all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, "
+            "bool pdl) -> Tensor")
+_lib.define("lamport_reduce_scatter_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, "
+            "bool pdl) -> Tensor")
+_lib.define("lamport_gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, int group, int tp, int out_rows, "
+            "bool pdl) -> Tensor")
+_lib.define("lamport_scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int out_rows, "
+            "bool pdl) -> Tensor")
+
+
+def lamport_all_reduce(x, group, pdl):
+    lib, args = _groups[group]
+    out = _new(x.shape, x)
+    _launch("all_reduce", lib.hc_lamport_all_reduce(args, _lamport[group], DTYPE_CODE[x.dtype], x.data_ptr(),
+                                                    out.data_ptr(), x.numel() * x.element_size(), int(pdl),
+                                                    _stream(x)))
+    return out
+
+
+def _lamport_rows(name, fn, x, sizes, host_sizes, group, out_rows, pdl, *tp):
+    """Launch a Lamport kernel over rows; `tp` (the transitions' attn-TP size) goes after dtype."""
+    lib, args = _groups[group]
+    out = _new((out_rows,) + tuple(x.shape[1:]), x)
+    dev, host = _sizes(sizes, host_sizes)
+    _launch(name, getattr(lib, fn)(args, _lamport[group], DTYPE_CODE[x.dtype], *tp, x.data_ptr(), out.data_ptr(),
+                                   dev, host, _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
+    return out
+
+
+def lamport_all_gather_v(x, sizes, host_sizes, group, out_rows, pdl):
+    return _lamport_rows("all_gather_v", "hc_lamport_all_gather_v", x, sizes, host_sizes, group, out_rows, pdl)
+
+
+def lamport_reduce_scatter_v(x, sizes, host_sizes, group, out_rows, pdl):
+    return _lamport_rows("reduce_scatter_v", "hc_lamport_reduce_scatter_v", x, sizes, host_sizes, group, out_rows,
+                         pdl)
+
+
+def lamport_gather_tokens(x, sizes, host_sizes, group, tp, out_rows, pdl):
+    return _lamport_rows("gather_tokens", "hc_lamport_gather_tokens", x, sizes, host_sizes, group, out_rows, pdl, tp)
+
+
+def lamport_scatter_tokens(y, sizes, host_sizes, group, tp, out_rows, pdl):
+    return _lamport_rows("scatter_tokens", "hc_lamport_scatter_tokens", y, sizes, host_sizes, group, out_rows, pdl,
+                         tp)
+
+
 IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_gather_v": all_gather_v,
          "reduce_scatter_v": reduce_scatter_v, "gather_tokens": gather_tokens,
-         "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens}
+         "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens,
+         "lamport_all_reduce": lamport_all_reduce, "lamport_all_gather_v": lamport_all_gather_v,
+         "lamport_reduce_scatter_v": lamport_reduce_scatter_v, "lamport_gather_tokens": lamport_gather_tokens,
+         "lamport_scatter_tokens": lamport_scatter_tokens}
 for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CUDA")
 
@@ -185,15 +241,20 @@ def _fake_rows(x, out_rows):
     return x.new_empty((out_rows,) + tuple(x.shape[1:]))
 
 
-torch.library.register_fake("hybridcomm::all_reduce")(lambda x, group, algorithm: torch.empty_like(x))
-torch.library.register_fake("hybridcomm::all_gather_v")(lambda x, s, h, g, out_rows: _fake_rows(x, out_rows))
-torch.library.register_fake("hybridcomm::reduce_scatter_v")(lambda x, s, h, g, out_rows: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::all_reduce")(lambda x, group, algorithm, pdl: torch.empty_like(x))
+torch.library.register_fake("hybridcomm::all_gather_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::reduce_scatter_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens")(
-    lambda x, s, h, g, tp, p, a, out_rows: _fake_rows(x, out_rows))
+    lambda x, s, h, g, tp, p, a, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens_norm")(
-    lambda x, s, h, r, w, e, g, tp, p, out_rows: (_fake_rows(x, out_rows), torch.empty_like(r)))
+    lambda x, s, h, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
 torch.library.register_fake("hybridcomm::quant_gather")(
     lambda x, s, h, r, w, e, gs, g, tp, p, op, format, out_rows: _quant_outputs(x, format, out_rows)
     + ((torch.empty_like(r) if r is not None else x.new_empty((0,))),))
 torch.library.register_fake("hybridcomm::scatter_tokens")(
-    lambda y, s, h, g, tp, a, out_rows: _fake_rows(y, out_rows))
+    lambda y, s, h, g, tp, a, out_rows, pdl: _fake_rows(y, out_rows))
+torch.library.register_fake("hybridcomm::lamport_all_reduce")(lambda x, group, pdl: torch.empty_like(x))
+for _name in ("lamport_all_gather_v", "lamport_reduce_scatter_v"):
+    torch.library.register_fake(f"hybridcomm::{_name}")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
+for _name in ("lamport_gather_tokens", "lamport_scatter_tokens"):
+    torch.library.register_fake(f"hybridcomm::{_name}")(lambda x, s, h, g, tp, out_rows, pdl: _fake_rows(x, out_rows))

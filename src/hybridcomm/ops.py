@@ -33,6 +33,8 @@ class Protocol:
 
 LL = Protocol("LL", abi.LL_UNIT_BYTES, abi.LL_WIRE_FACTOR)
 BULK = Protocol("bulk", abi.BULK_UNIT_BYTES, abi.BULK_WIRE_FACTOR)
+# Payload is the flag (csrc/lamport.cuh): its own areas, of the same size, filled 1:1.
+LAMPORT = Protocol("Lamport", abi.LAMPORT_UNIT_BYTES, abi.LAMPORT_WIRE_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -74,23 +76,25 @@ class OpSpec:
 
 
 ONE_SHOT = Algorithm("one_shot", None)
+# Every op's one-shot on the Lamport protocol: its own launcher (hc_lamport_<op>), so no code.
+ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.AllReduceAlgorithm.TWO_SHOT, LL, chunked=True),
-        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True))),
-    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT,)),
-    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT,)),
+        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT)),
+    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
+    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT),
-        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT)),
+        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),
         on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
     # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
     OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("fused", abi.GatherTokensAlgorithm.FUSED),), on_world=True),
     OpSpec("scatter_tokens", abi.OpCode.SCATTER_TOKENS, "input", "rows", (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
-        Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT)),
+        Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),
         on_world=True, reduces_to={"attn_tp": "reduce_scatter_v"}),
     # quant= on all_gather_v / gather_tokens (optionally fused with the norm): one kernel
     # (csrc/quant_gather.cu); the format is a launcher argument. Errors report the base op.

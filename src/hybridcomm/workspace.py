@@ -4,15 +4,20 @@ Every distinct group of the layout (attn_tp, attn_dp, moe_tp, moe_ep, world; gro
 the same members share one) gets a region on every rank:
 
     [flags 16.25 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
+    [Lamport slot 0: area x n][Lamport slot 1: area x n][Lamport slot 2: area x n]
 
 An area receives one source's data for one phase of one call: LL packets (16 bytes per 8
 bytes of payload: at most area_bytes / 2 of payload) or bulk data (at most area_bytes).
+Lamport areas (csrc/lamport.cuh, docs/lamport.md) hold data 1:1 and start filled with the
+sentinel (0xFF bytes); they are separate from the LL/bulk areas, which hold packets and zeros
+where these must hold the sentinel wherever no data is due.
 Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
-pointers). Memory per GPU: sum over regions of flags + 4 * n * area_bytes.
+pointers). Memory per GPU: sum over regions of flags + (4 + 3) * n * area_bytes.
 
-Each region also has a small local state (call counter, block counter, abort flag) in
-device memory; the error word is shared by the communicator and mirrored to pinned host
-memory, so the host can check for errors on every call without synchronising.
+Each region also has a small local state (call counter, block counter, abort flag; Lamport
+slot and units used) in device memory; the error word is shared by the communicator and
+mirrored to pinned host memory, so the host can check for errors on every call without
+synchronising.
 """
 
 from __future__ import annotations
@@ -23,16 +28,22 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .abi import FLAG_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs, decode_error
+from .abi import (FLAG_BYTES, LAMPORT_SLOTS, LAMPORT_STATE_WORDS, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs,
+                  LamportArgs, decode_error)
 from .groups import Group
 from .layout import GROUP_NAMES, Layout
-from .ops import LL
+from .ops import LAMPORT, LL
 
 DEFAULT_AREA_BYTES = 4 << 20
 
 
-def region_bytes(members: int, area_bytes: int) -> int:
+def ll_bytes(members: int, area_bytes: int) -> int:
+    """Flags and the LL/bulk slots at the start of a region; the Lamport slots follow."""
     return FLAG_BYTES + 2 * 2 * members * area_bytes
+
+
+def region_bytes(members: int, area_bytes: int) -> int:
+    return ll_bytes(members, area_bytes) + LAMPORT_SLOTS * members * area_bytes
 
 
 def region_groups(layout: Layout) -> tuple[dict[str, tuple], str | None]:
@@ -63,8 +74,9 @@ def describe_plan(layout: Layout, area_bytes: int) -> str:
         return f"nvlink workspace: none ({blocker})"
     plan = memory_plan(layout, area_bytes)
     total = sum(p[2] for p in plan)
-    lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer, "
-             f"phase and slot; {LL.capacity(area_bytes) >> 10} KiB of LL payload per peer and call)"]
+    lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer and slot: "
+             f"2 slots x 2 phases LL/bulk, 3 slots Lamport; {LL.capacity(area_bytes) >> 10} KiB of LL, "
+             f"{LAMPORT.capacity(area_bytes) >> 10} KiB of Lamport payload per peer and call)"]
     lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
     return "\n".join(lines)
 
@@ -88,6 +100,7 @@ class Workspace:
         self.keys, self.blocker = region_groups(layout)
         self.blocker = self.blocker or peer_access_blocker(layout, device)
         self.args: dict[str, GroupArgs] = {}
+        self.lamport_args: dict[str, LamportArgs] = {}
         self.total_bytes = 0
         if self.blocker:
             self.keys = {}
@@ -98,14 +111,17 @@ class Workspace:
             offsets[key] = self.total_bytes
             sizes[key] = region_bytes(len(key[0]), area_bytes)
             self.total_bytes += sizes[key]
-        peers = self._rendezvous(device)
+        peers = self._rendezvous(device, [(offsets[k] + ll_bytes(len(k[0]), area_bytes), offsets[k] + sizes[k])
+                                          for k in partitions])
         self.error_word = torch.zeros(1, dtype=torch.int64, device=device)
         self.error_mirror = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         try:  # a numpy view reads in ~0.1 µs; without numpy the tensor read costs a few µs
             self._error_view = self.error_mirror.numpy()
         except RuntimeError:
             self._error_view = self.error_mirror
-        self.states = {key: torch.zeros(STATE_WORDS, dtype=torch.int32, device=device) for key in partitions}
+        # GroupState words, then LamportState words
+        self.states = {key: torch.zeros(STATE_WORDS + LAMPORT_STATE_WORDS, dtype=torch.int32, device=device)
+                       for key in partitions}
         blocks = min(torch.cuda.get_device_properties(device).multi_processor_count, MAX_BLOCKS)
         for name, key in self.keys.items():
             g = groups[name]
@@ -116,8 +132,12 @@ class Workspace:
                 state=self.states[key].data_ptr(), error_word=self.error_word.data_ptr(),
                 error_mirror=self.error_mirror.data_ptr(), area_bytes=area_bytes,
                 timeout_ns=int(timeout_s * 1e9), group_id=GROUP_NAMES.index(name), max_blocks=blocks)
+            lamport = offsets[key] + ll_bytes(g.size, area_bytes)
+            self.lamport_args[name] = LamportArgs(
+                bases=(ctypes.c_void_p * MAX_RANKS)(*[peers[r] + lamport for r in g.ranks]),
+                state=self.states[key].data_ptr() + 4 * STATE_WORDS, area_bytes=area_bytes)
 
-    def _rendezvous(self, device: torch.device) -> list[int]:
+    def _rendezvous(self, device: torch.device, sentinel_ranges: list[tuple[int, int]]) -> list[int]:
         from torch.distributed import _symmetric_memory as symm_mem
 
         world = dist.group.WORLD
@@ -128,6 +148,8 @@ class Workspace:
         self.buffer = symm_mem.empty(self.total_bytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, world)
         self.buffer.zero_()  # flags start at 0; call flags start at 1
+        for begin, end in sentinel_ranges:  # Lamport areas start as "nothing arrived"
+            self.buffer[begin:end].fill_(0xFF)
         torch.cuda.synchronize(device)
         dist.barrier(group=world)
         return [int(p) for p in self.handle.buffer_ptrs]
@@ -139,7 +161,7 @@ class Workspace:
         for name in ("buffer", "handle", "error_word", "error_mirror", "_error_view", "states"):
             if hasattr(self, name):
                 delattr(self, name)
-        self.args, self.keys, self.total_bytes = {}, {}, 0
+        self.args, self.lamport_args, self.keys, self.total_bytes = {}, {}, {}, 0
         self.blocker = "the communicator was closed"
 
     def recorded_error(self):

@@ -13,27 +13,31 @@ import math
 import torch
 
 from .. import build, kernels
-from ..abi import MAX_QUANT_HIDDEN, ROW_ALIGN_BYTES, CallField, ErrorCode, OpCode
+from ..abi import DTYPE_CODE, MAX_QUANT_HIDDEN, ROW_ALIGN_BYTES, CallField, ErrorCode, OpCode
 from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import OPS, op_name
+from ..ops import LAMPORT, OPS, op_name
 from ..quant import QuantizedRows
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
+
+PDL = True  # default launch option: overlap each kernel's launch with the kernel before it (csrc/pdl.cuh)
 
 
 class NvlinkBackend:
     name = "nvlink"
 
-    def __init__(self, comm, workspace_bytes: int | None = None):
+    def __init__(self, comm, workspace_bytes: int | None = None, pdl: bool = PDL):
         self.layout, self.groups, self.timeout_s = comm.layout, comm.groups, comm.timeout_s
+        self.pdl = pdl  # passed with every launch: the one place it is set (tests run both)
         self.workspace = Workspace(comm.layout, comm.groups, comm.device,
                                    workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
         self.handles: dict[str, int] = {}
         if self.workspace.args:
             lib = build.load(build.device_arch())
-            self.handles = {name: kernels.register_group(lib, args) for name, args in self.workspace.args.items()}
+            self.handles = {name: kernels.register_group(lib, args, self.workspace.lamport_args[name])
+                            for name, args in self.workspace.args.items()}
 
     # -- can a kernel run this call? ---------------------------------------------------------
     def blocker(self, op: str, algorithm: str, group: Group, x: torch.Tensor, sizes: Sizes | None) -> str | None:
@@ -47,6 +51,8 @@ class NvlinkBackend:
             return (f"quantized rows of shape {tuple(x.shape[1:])}: the kernel takes a hidden size that is a "
                     f"multiple of 16, at most {MAX_QUANT_HIDDEN}")
         alg = spec.algorithm(algorithm)
+        if alg.protocol is LAMPORT and x.dtype not in DTYPE_CODE:
+            return f"the Lamport protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
         if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
             if nbytes % ROW_ALIGN_BYTES:
@@ -65,19 +71,27 @@ class NvlinkBackend:
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):
-        return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm))
+        if _is_lamport("all_reduce", algorithm):
+            return kernels.call("lamport_all_reduce", x, self.handles[group.name], self.pdl)
+        return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm), self.pdl)
 
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm, quant=None):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
         if quant is not None:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
+        if _is_lamport("all_gather_v", algorithm):
+            return kernels.call("lamport_all_gather_v", x, sizes.device, list(sizes.host or ()),
+                                                             self.handles[group.name], out_rows, self.pdl)
         return kernels.call("all_gather_v", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
-                                                 out_rows)
+                                                 out_rows, self.pdl)
 
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
+        if _is_lamport("reduce_scatter_v", algorithm):
+            return kernels.call("lamport_reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
+                                                                 self.handles[group.name], out_rows, self.pdl)
         return kernels.call("reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
-                                                     self.handles[group.name], out_rows)
+                                                     self.handles[group.name], out_rows, self.pdl)
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm, quant=None):
         dp = self.groups["attn_dp"]
@@ -89,29 +103,38 @@ class NvlinkBackend:
                                       OpCode.GATHER_TOKENS, out_rows)
         if fusion is not None:
             return kernels.call("gather_tokens_norm", x, dp_sizes.device, host, fusion.residual, fusion.weight,
-                                                           fusion.eps, handle, tp, partial, out_rows)
+                                                           fusion.eps, handle, tp, partial, out_rows, self.pdl)
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
             # same order), and that kernel is the leaner one (measured: results/4xH200).
-            return self._reduced("gather_tokens", x, dp_sizes)
+            return self._reduced("gather_tokens", x, dp_sizes, algorithm)
         if not partial:
             algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
+        if _is_lamport("gather_tokens", algorithm):
+            return kernels.call("lamport_gather_tokens", x, dp_sizes.device, host, handle, tp, out_rows, self.pdl)
         return kernels.call("gather_tokens", x, dp_sizes.device, host, handle, tp, partial,
-                                                  _code("gather_tokens", algorithm), out_rows)
+                                                  _code("gather_tokens", algorithm), out_rows, self.pdl)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
         if self.layout.attn_tp == 1:
             # One rank per DP group: exactly reduce_scatter_v over the world, the leaner kernel.
-            return self._reduced("scatter_tokens", y, dp_sizes)
+            return self._reduced("scatter_tokens", y, dp_sizes, algorithm)
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)
+        if _is_lamport("scatter_tokens", algorithm):
+            return kernels.call("lamport_scatter_tokens", y, dp_sizes.device, list(dp_sizes.host or ()),
+                                                               self.handles["world"], self.layout.attn_tp, out_rows,
+                                                               self.pdl)
         return kernels.call("scatter_tokens", y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
-                                                   self.layout.attn_tp, _code("scatter_tokens", algorithm), out_rows)
+                                                   self.layout.attn_tp, _code("scatter_tokens", algorithm), out_rows,
+                                                   self.pdl)
 
-    def _reduced(self, op: str, x, dp_sizes: Sizes):
-        """A transition run as the op it is when its attention-TP axis has size 1."""
+    def _reduced(self, op: str, x, dp_sizes: Sizes, algorithm: str):
+        """A transition run as the op it is when its attention-TP axis has size 1: with the
+        same algorithm where that op has it (the Lamport one-shot), else its first."""
         other = OPS[op].reduces_to["attn_tp"]
-        return getattr(self, other)(x, dp_sizes, self.groups["world"], OPS[other].algorithms[0].name)
+        names = [a.name for a in OPS[other].algorithms]
+        return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm if algorithm in names else names[0])
 
     def close(self) -> None:
         """Release the workspace now; the caller has synchronised the device."""
@@ -158,11 +181,16 @@ class NvlinkBackend:
 MISMATCH_WORDS = {
     CallField.OP: "op (a skipped or reordered call?)",
     CallField.DTYPE: "dtype",
-    CallField.ALGORITHM: "algorithm (other sizes or another selection table?)",
+    CallField.ALGORITHM: "algorithm (other sizes or another selection table? or Lamport slots out of step "
+                         "since an earlier mismatch: docs/lamport.md)",
     CallField.VARIANT: "attn_tp / partial",
     CallField.COUNTS: "row counts (sizes)",
     CallField.WIDTH: "row width in bytes (all_reduce: message bytes)",
 }
+
+
+def _is_lamport(op: str, algorithm: str) -> bool:
+    return OPS[op].algorithm(algorithm).protocol is LAMPORT
 
 
 def _code(op: str, algorithm: str) -> int:

@@ -4,6 +4,7 @@ This is the semantic truth that every fast path is compared with. It moves raw b
 (so any dtype travels bit-exactly over gloo or NCCL) and reduces locally in fp32, in
 group order, then rounds once. Every backend reduces in this order, so a kernel that
 does the same produces the same bits, and all ranks holding a value hold the same bits.
+Communicated inputs are seen through reserved.fix_reserved, as in our kernels.
 It favours obviousness over speed: reductions gather every contribution to every rank.
 """
 
@@ -18,6 +19,7 @@ from ..errors import CapacityExceeded
 from ..groups import Group
 from ..norm import add_rms_norm
 from ..quant.reference import quantized_move
+from ..reserved import fix_reserved
 
 
 def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -191,11 +193,13 @@ class ReferenceBackend:
                     self.headers)
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
+        x = fix_reserved(x)
         call = self._call(describe_call("all_reduce", group.name, x), group)
         parts = call.gather(x, [x.shape[0]] * group.size, group)
         return sum_in_order(parts).to(x.dtype)
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None):
+        x = fix_reserved(x)
         sig = describe_call("all_gather_v", group.name, x, sizes)
         counts = list(sig.sizes)
         return gather_owned(x[: counts[group.index]], counts, group,
@@ -203,9 +207,10 @@ class ReferenceBackend:
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         sig = describe_call("reduce_scatter_v", group.name, x, sizes)
-        return _sum_my_rows(x, sig, sizes, group.index, group, self._call(sig, group))
+        return _sum_my_rows(fix_reserved(x), sig, sizes, group.index, group, self._call(sig, group))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
+        x = fix_reserved(x)
         tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
         sig = describe_call("gather_tokens", world.name, x, dp_sizes, partial, fusion)
         call = self._call(sig, world)
@@ -228,7 +233,7 @@ class ReferenceBackend:
         world = self.groups["world"]
         sig = describe_call("scatter_tokens", world.name, y, dp_sizes)
         # Rows of every DP group summed over the whole world: my DP group's slice of them.
-        return _sum_my_rows(y, sig, dp_sizes, self.groups["attn_dp"].index, world, self._call(sig, world))
+        return _sum_my_rows(fix_reserved(y), sig, dp_sizes, self.groups["attn_dp"].index, world, self._call(sig, world))
 
 
 def _sum_my_rows(x: torch.Tensor, sig: Signature, sizes: Sizes, index: int, over: Group, call: Call) -> torch.Tensor:

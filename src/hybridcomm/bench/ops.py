@@ -4,8 +4,8 @@ message sizes 2 KB - 64 MB, bf16, our kernels and the baselines in the same run.
 Columns (µs per call, graph replay, median, max over ranks):
   hybridcomm     the Communicator's choice (selection table)
   hc_one_shot /  each of our algorithms forced, which is how the table is filled
-  hc_two_shot /
-  hc_two_shot_bulk
+  hc_two_shot /  (hc_one_shot_lamport: the one-shot on the Lamport protocol, docs/lamport.md)
+  hc_two_shot_bulk / hc_one_shot_lamport
   nccl, nccl_symm, symm_one_shot, symm_two_shot: baselines (bench/baselines.py)
 Message size: the tensor ops.OPS names as the op's message. Forced algorithms run through
 Communicators built with `table=algorithms.forced(...)`; a column is left out where that

@@ -7,6 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 
 BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
+# Transitions: the two-collective sequences, and for pure attention TP the one all-reduce.
+TRANSITION_BASELINES = ("nccl", "nccl_symm", "nccl_ar", "nccl_symm_ar", "symm_one_shot_ar")
 
 
 def human_bytes(n: int) -> str:
@@ -14,6 +16,10 @@ def human_bytes(n: int) -> str:
         if n >= size and n % size == 0:
             return f"{n // size} {unit}"
     return f"{n} B"
+
+
+BUSBW_RULE = {"all_reduce": "algbw x 2(n-1)/n", "all_gather_v": "algbw x (n-1)/n of the output",
+              "reduce_scatter_v": "algbw x (n-1)/n of the input"}
 
 
 def _header(env: dict) -> str:
@@ -32,9 +38,10 @@ def _fmt(v) -> str:
 
 
 def ops_markdown(results: dict) -> str:
-    by = defaultdict(dict)
+    by, busbw = defaultdict(dict), defaultdict(dict)
     for r in results["records"]:
         by[(r["op"], r["bytes"])][r["impl"]] = r["us"]
+        busbw[(r["op"], r["bytes"])][r["impl"]] = r.get("busbw_GBps")
     impls = sorted({r["impl"] for r in results["records"]}, key=lambda k: (k != "hybridcomm", k in BASELINES, k))
     # A ratio needs hybridcomm and a baseline in the same run (the CPU path has neither).
     ratios = "hybridcomm" in impls and any(b in impls for b in BASELINES)
@@ -51,6 +58,9 @@ def ops_markdown(results: dict) -> str:
             ratio = [f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"]
             rows.append([human_bytes(nbytes)] + [_fmt(cols.get(i)) for i in impls] + (ratio if ratios else []))
         out += [f"## {op}", "", _table(["size"] + impls + (["ratio"] if ratios else []), rows), ""]
+        bw_rows = [[human_bytes(nbytes)] + [_fmt(cols.get(i)) for i in impls]
+                   for (o, nbytes), cols in sorted(busbw.items()) if o == op]
+        out += [f"busbw, GB/s (nccl-tests: {BUSBW_RULE[op]})", "", _table(["size"] + impls, bw_rows), ""]
     if "eager_overhead_us" in results:
         out += ["## eager per-call cost (µs, wall clock, 2 KB all_reduce)", ""]
         out += [f"- {k}: {v:.1f}" for k, v in results["eager_overhead_us"].items()]
@@ -66,13 +76,14 @@ def transitions_markdown(results: dict) -> str:
         by[(r["layout"], r["op"], r["case"], tuple(r["tokens_per_dp"]))][r["impl"]] = r["us"]
     impls = sorted({r["impl"] for r in results["records"]})
     out = [f"# bench transitions, hidden {results['hidden']}, {results['dtype']}", "", _header(results["environment"]),
-           "", "µs per call (CUDA graph replay, median, max over ranks); ratio = best NCCL baseline / hybridcomm.", ""]
+           "", "µs per call (CUDA graph replay, median, max over ranks); ratio = best baseline / hybridcomm "
+           "(baselines: " + ", ".join(TRANSITION_BASELINES) + ", where present).", ""]
     for layout, op in dict.fromkeys((k[0], k[1]) for k in by):
         rows = []
         for (lay, o, case, tokens), cols in by.items():
             if (lay, o) != (layout, op):
                 continue
-            base = [cols[b] for b in ("nccl", "nccl_symm") if b in cols]
+            base = [cols[b] for b in TRANSITION_BASELINES if b in cols]
             ratio = f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"
             rows.append([case, ",".join(map(str, tokens))] + [_fmt(cols.get(i)) for i in impls] + [ratio])
         out += [f"## {layout} {op}", "", _table(["case", "tokens/DP rank"] + impls + ["ratio"], rows), ""]

@@ -10,6 +10,10 @@ Columns (µs per call, graph replay, median, max over ranks):
   hybridcomm   the Communicator's choice
   nccl_norm / hc_norm  gather with residual add + RMSNorm: AR(attn-TP) + norm + AG(DP)
                in NCCL and torch, against our fused kernel
+  nccl_ar, nccl_symm_ar, symm_one_shot_ar   pure attention TP (attn_dp = 1) only: both
+               transitions are one all-reduce there, which is what engines run (NCCL, NCCL on
+               symmetric windows, torch symm_mem one-shot as the stand-in for vLLM / SGLang
+               custom all-reduce); baselines like the others
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ..communicator import Communicator
 from ..layout import Layout
 from ..norm import ResidualNorm
 from . import timing
-from .baselines import NcclSymmetricBuffers
+from .baselines import NcclSymmetricBuffers, SymmMemBuffer
 from .ops import add_forced_calls, forced_communicators
 
 HIDDEN = 4096
@@ -61,8 +65,22 @@ def _two_step(op: str, comm: Communicator, counts: list[int], view):
     return lambda y: nccl.scatter_tokens_two_step(y, counts, g, chunk_out=chunk, out=view(2, (mine, HIDDEN)))
 
 
+def _all_reduce_calls(rows: int, symm: NcclSymmetricBuffers, sm: SymmMemBuffer, plain: torch.Tensor) -> dict:
+    """Pure attention TP: a transition is one all-reduce of all rows (the engines' path)."""
+    calls = {}
+    x = plain[: rows * HIDDEN * 2].view(DTYPE).normal_()  # its own buffer: NCCL reduces in place
+    calls["nccl_ar"] = lambda: dist.all_reduce(x)
+    if symm.buffers is not None:
+        xs = symm.view(0, (rows, HIDDEN), DTYPE)
+        calls["nccl_symm_ar"] = lambda: dist.all_reduce(xs)
+    if sm.buffer is not None:
+        xm = sm.view(rows * HIDDEN, DTYPE).normal_()
+        calls["symm_one_shot_ar"] = lambda: sm.one_shot(xm)
+    return calls
+
+
 def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, symm: NcclSymmetricBuffers,
-           plain: list[torch.Tensor]):
+           plain: list[torch.Tensor], sm: SymmMemBuffer):
     g, layout, device = comm.groups, comm.layout, comm.device
     mine = counts[g["attn_dp"].index]
     total = sum(counts)
@@ -103,6 +121,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
             calls["hc_unfused"] = lambda: comm.reduce_scatter_v(y, world_counts)
         add_forced_calls(calls, op, forced_comms, lambda c: c.scatter_tokens(y, counts))
         calls["hybridcomm"] = lambda: comm.scatter_tokens(y, counts)
+    if layout.attn_dp == 1:
+        calls.update(_all_reduce_calls(total, symm, sm, plain[3]))
     return calls
 
 
@@ -111,14 +131,15 @@ def sweep_transitions(layout_names: list[str]) -> dict:
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
     symm = NcclSymmetricBuffers([BUFFER_BYTES] * 3, device)
-    plain = [torch.empty(BUFFER_BYTES, dtype=torch.uint8, device=device) for _ in range(3)]
+    plain = [torch.empty(BUFFER_BYTES, dtype=torch.uint8, device=device) for _ in range(4)]
+    sm = SymmMemBuffer(BUFFER_BYTES, device)
     for name in layout_names:
         layout = Layout.parse(name)
         comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
         forced_comms = forced_communicators(layout, list(OPS), workspace_bytes=32 << 20)
         for label, counts in token_cases(layout):
             for op in OPS:
-                calls = _calls(op, counts, comm, forced_comms, symm, plain)
+                calls = _calls(op, counts, comm, forced_comms, symm, plain, sm)
                 names = sorted(calls)
                 nbytes = sum(counts) * HIDDEN * 2
                 us = timing.max_over_ranks([timing.graph_us(calls[k], timing.calls_per_graph(nbytes)) for k in names])
@@ -130,7 +151,7 @@ def sweep_transitions(layout_names: list[str]) -> dict:
                     print(f"[transitions] {layout.name} {op} {label} {counts}: {row}", file=sys.stderr, flush=True)
         del comm, forced_comms
     return {"environment": timing.environment(), "hidden": HIDDEN, "dtype": str(DTYPE),
-            "nccl_symm_note": symm.error, "records": records}
+            "nccl_symm_note": symm.error, "symm_mem_note": sm.error, "records": records}
 
 
 def bench_transitions(layouts: list[str], world_size: int = 4, timeout_s: float = 900.0) -> dict:

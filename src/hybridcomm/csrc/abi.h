@@ -36,6 +36,17 @@ constexpr int kLLWireFactor = 2;
 // Bulk: plain 16-byte stores, one release flag per block.
 constexpr int kBulkUnitBytes = 16;
 constexpr int kBulkWireFactor = 1;
+// Lamport: plain 16-byte stores of data into areas pre-filled with a sentinel (lamport.cuh);
+// its own areas, 3 rotating slots x members per group region, after the LL/bulk slots.
+constexpr int kLamportUnitBytes = 16;
+constexpr int kLamportWireFactor = 1;
+constexpr int kLamportSlots = 3;
+constexpr int kLamportStateWords = 3;  // uint32 words of a group's local LamportState
+// The fingerprint's algorithm field of a Lamport one-shot is kLamportOneShot + its slot (0..2):
+// it differs from every LL/bulk code, so ranks that chose different protocols for one call
+// raise ArgumentMismatch; and ranks whose Lamport slots went out of step (after such a call)
+// keep raising it rather than reading a stale slot (docs/lamport.md).
+constexpr int kLamportOneShot = 8;
 
 // The capacity rule (ops.py `Protocol.fits` is its host mirror): what one source sends one
 // peer in one phase must fit one receive area.
@@ -128,5 +139,18 @@ struct SizesArg {
 
 // GroupState words (local device memory, zero at start).
 enum GroupStateWord : int { kCalls = 0, kBlocksDone = 1, kAborted = 2 };
+
+// One group's Lamport view of the workspace, fixed for the communicator's lifetime.
+struct LamportArgs {
+  char* bases[kMaxRanks];  // each member's Lamport part of the group's region (peer pointers)
+  uint32_t* state;         // local LamportState (kLamportStateWords words)
+  uint64_t area_bytes;     // bytes of one Lamport area (one source, one slot)
+};
+
+// LamportState words (local device memory, zero at start; the areas start as the sentinel):
+// the slot the next Lamport call uses (0..2), the units per source area the last one used, and
+// whether an error was recorded by then, e.g. a peer whose call differed (then the next Lamport
+// call re-fills that call's whole slot).
+enum LamportStateWord : int { kLamportSlot = 0, kLamportUsedUnits = 1, kLamportMismatched = 2 };
 
 }  // namespace hc

@@ -2,6 +2,7 @@
 // peer, each rank copies what arrives to its place in the output (members in group order).
 // Row counts may live in device memory, so a captured graph replays with new counts.
 #include "launch.cuh"
+#include "reserved.cuh"
 
 namespace hc {
 
@@ -13,7 +14,7 @@ __global__ void __launch_bounds__(kThreads)
   const int n = g.nranks, me = g.me;
   const int64_t my_lanes = rc.count[me] * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
-    uint2 v = i < io.in_lanes() ? in[i] : make_uint2(0, 0);
+    uint2 v = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
     push_to_peers(cx, cx.everyone(), 0, i, v);
     if (my_out + i < io.out_lanes()) out[my_out + i] = v;
   }
@@ -39,10 +40,11 @@ using namespace hc;
 // dtype: a DType code, or kOtherDType (rows are moved as bytes; the code is only compared across ranks).
 extern "C" int hc_all_gather_v(const GroupArgs* g, int dtype, const void* in, void* out, const int32_t* sizes_device,
                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
-                               int64_t out_rows, cudaStream_t stream) {
+                               int64_t out_rows, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
-  all_gather_v_push<<<blocks_for(out_rows * io.row_lanes, *g), kThreads, 0, stream>>>(*g, dtype, (const uint2*)in,
-                                                                                     (uint2*)out, io);
-  return launch_status();
+  status = launch_kernel(all_gather_v_push, blocks_for(out_rows * io.row_lanes, *g), kThreads, stream, pdl, *g,
+                         dtype, (const uint2*)in, (uint2*)out, io);
+  return status;
 }

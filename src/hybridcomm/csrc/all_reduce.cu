@@ -126,7 +126,8 @@ using namespace hc;
 
 // algorithm: an AllReduceAlgorithm (abi.h). nbytes: a multiple of kRowAlignBytes.
 extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const void* in, void* out,
-                             int64_t nbytes, cudaStream_t stream) {
+                             int64_t nbytes, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
   if (nbytes % kRowAlignBytes || algorithm < kAllReduceOneShot || algorithm > kAllReduceTwoShotBulk)
     return (int)cudaErrorInvalidValue;
   const int64_t lanes = nbytes / 8, units = nbytes / 16;
@@ -142,11 +143,11 @@ extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const
   auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kAllReduceOneShot)
-      all_reduce<Elem, kAllReduceOneShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot>, blocks, kThreads, stream, pdl, *g, x, y, units);
     else if (algorithm == kAllReduceTwoShot)
-      all_reduce<Elem, kAllReduceTwoShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShot>, blocks, kThreads, stream, pdl, *g, x, y, units);
     else
-      all_reduce<Elem, kAllReduceTwoShotBulk><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShotBulk>, blocks, kThreads, stream, pdl, *g, x, y, units);
   });
-  return launch_status();
+  return status;
 }

@@ -20,6 +20,7 @@
 
 #include "abi.h"
 #include "packet.cuh"
+#include "pdl.cuh"
 
 namespace hc {
 
@@ -133,8 +134,44 @@ struct CallCtx {
   }
 };
 
-// Every kernel starts here; it must call arrive() before its first wait.
+// Waits for one item from every source s < n with wants(s), polling them all at once (a
+// sequential wait would add one memory latency per source): addr(s) is where source s's item
+// lands, try_get(p, item) reads it and says whether it has arrived (the protocol's test).
+// Source s is group member member_base + s. data[s] is written for the sources waited for;
+// returns their bit mask. Gives up when cx.give_up says so.
+template <typename Item, typename Wants, typename Addr, typename TryGet>
+__device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int member_base, Wants wants, Addr addr,
+                                             TryGet try_get, Item (&data)[kMaxRanks]) {
+  const uint4* src[kMaxRanks];
+  uint32_t pending = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    src[s] = nullptr;
+    if (s < n && wants(s)) {
+      src[s] = addr(s);
+      pending |= 1u << s;
+    }
+  }
+  const uint32_t waited = pending;
+  int spins = 0;
+  while (pending) {
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      if ((pending >> s) & 1u) {
+        if (try_get(src[s], data[s])) pending &= ~(1u << s);
+      }
+    }
+    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
+  }
+  return waited;
+}
+
+// Every kernel starts here; it must call arrive() before its first wait. First the PDL wait
+// (pdl.cuh): everything below touches memory the previous kernel may still use (the group's
+// counters, the areas, the inputs, the counts), and the deadline starts after it.
 __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
+  wait_for_previous_kernel();
+  allow_next_kernel();
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
   return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
 }
@@ -169,17 +206,30 @@ __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
 }
 
 // Every kernel ends here; the last block to finish publishes the call as completed.
-__device__ __forceinline__ void end_call(const CallCtx& cx) {
+// `on_last()` runs just before, in every thread of that block, after block 0's arrival wait:
+// every peer has started this call (a protocol's own per-group state: lamport.cuh).
+template <typename OnLast>
+__device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
   const GroupArgs& g = cx.g;
+  __shared__ bool last;
   wait_arrivals(cx);
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t before = atomicAdd(&g.state[kBlocksDone], 1u);
-    if (before == gridDim.x - 1) {
-      g.state[kBlocksDone] = 0;
-      *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
-    }
+    __threadfence();  // this block's writes (errors recorded included) before its count
+    last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
   }
+  __syncthreads();
+  if (!last) return;
+  on_last();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    g.state[kBlocksDone] = 0;
+    *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
+  }
+}
+
+__device__ __forceinline__ void end_call(const CallCtx& cx) {
+  end_call(cx, [] {});
 }
 
 }  // namespace hc

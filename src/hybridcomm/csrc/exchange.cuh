@@ -34,28 +34,9 @@ __device__ __forceinline__ uint2 wait_lane(const CallCtx& cx, int phase, int mem
 template <typename Wants>
 __device__ __forceinline__ uint32_t wait_sources(const CallCtx& cx, int phase, int n, int member_base, int64_t i,
                                                  Wants wants, uint2 (&data)[kMaxRanks]) {
-  const uint4* src[kMaxRanks];
-  uint32_t pending = 0;
-#pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) {
-    src[s] = nullptr;
-    if (s < n && wants(s)) {
-      src[s] = cx.inbox(phase, member_base + s) + i;
-      pending |= 1u << s;
-    }
-  }
-  const uint32_t waited = pending;
-  int spins = 0;
-  while (pending) {
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      if ((pending >> s) & 1u) {
-        if (Packet::try_get(src[s], cx.flag, data[s])) pending &= ~(1u << s);
-      }
-    }
-    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
-  }
-  return waited;
+  return wait_all(
+      cx, n, member_base, wants, [&](int s) { return (const uint4*)cx.inbox(phase, member_base + s) + i; },
+      [&](const uint4* p, uint2& v) { return Packet::try_get(p, cx.flag, v); }, data);
 }
 
 }  // namespace hc

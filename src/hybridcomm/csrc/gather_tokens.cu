@@ -16,6 +16,7 @@
 // indexed by that group-local lane in every phase.
 #include "block_reduce.cuh"
 #include "launch.cuh"
+#include "reserved.cuh"
 
 namespace hc {
 
@@ -56,7 +57,8 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
   const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count[s.d], s.t, tp) * row_lanes;
   const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count[s.d], s.t + 1, tp) * row_lanes;
   for (int64_t i = send_begin + grid_thread(); i < send_end; i += grid_threads()) {
-    push_lanes(cx, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+    // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
+    push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
   }
   if (partial) {
     const int64_t total = s.rc.offset[s.dp] * row_lanes;
@@ -70,7 +72,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
     for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
-      if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? in[i] : make_uint2(0, 0);
+      if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0);
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
   }
@@ -187,7 +189,8 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
                                 const void* in, void* out, const void* residual, const void* weight,
                                 void* residual_out, float eps, const int32_t* sizes_device,
                                 const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
-                                int64_t out_rows, cudaStream_t stream) {
+                                int64_t out_rows, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
     return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
@@ -198,14 +201,14 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
   auto* res_out = (uint2*)residual_out;
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kGatherTokensOneShot)
-      gather_tokens<Elem, kGatherTokensOneShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
-                                                                                 res_out, eps, io);
+      status = launch_kernel(gather_tokens<Elem, kGatherTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
+                             x, y, res, w, res_out, eps, io);
     else if (algorithm == kGatherTokensTwoShot)
-      gather_tokens<Elem, kGatherTokensTwoShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
-                                                                                 res_out, eps, io);
+      status = launch_kernel(gather_tokens<Elem, kGatherTokensTwoShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
+                             x, y, res, w, res_out, eps, io);
     else
-      gather_tokens<Elem, kGatherTokensFused><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
-                                                                               res_out, eps, io);
+      status = launch_kernel(gather_tokens<Elem, kGatherTokensFused>, blocks, kThreads, stream, pdl, *g, tp, partial,
+                             x, y, res, w, res_out, eps, io);
   });
-  return launch_status();
+  return status;
 }

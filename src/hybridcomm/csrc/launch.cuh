@@ -5,6 +5,7 @@
 
 #include "bulk.cuh"
 #include "lanes.cuh"
+#include "pdl.cuh"
 #include "rows.cuh"
 
 namespace hc {
@@ -30,7 +31,8 @@ inline RowsArg rows_arg(const int32_t* sizes_device, const int32_t* sizes_host, 
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Launch errors come back as the cudaError_t value (0 = success).
+// Errors of a <<<>>> launch come back as the cudaError_t value (0 = success); launch_kernel
+// (pdl.cuh) returns its own.
 inline int launch_status() { return (int)cudaGetLastError(); }
 
 }  // namespace hc

@@ -33,12 +33,14 @@ using namespace hc;
 
 extern "C" int hc_reduce_scatter_v(const GroupArgs* g, int dtype, const void* in, void* out,
                                    const int32_t* sizes_device, const int32_t* sizes_host, int64_t row_bytes,
-                                   int64_t in_rows, int64_t out_rows, cudaStream_t stream) {
+                                   int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
   const int blocks = blocks_for(in_rows * io.row_lanes, *g);
   HC_DISPATCH_DTYPE(dtype, {
-    reduce_scatter_v_push<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, io);
+    status = launch_kernel(reduce_scatter_v_push<Elem>, blocks, kThreads, stream, pdl, *g, (const uint2*)in,
+                           (uint2*)out, io);
   });
-  return launch_status();
+  return status;
 }

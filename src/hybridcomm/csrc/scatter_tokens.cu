@@ -84,17 +84,18 @@ using namespace hc;
 // algorithm: a ScatterTokensAlgorithm (abi.h). in_rows / out_rows: rows the buffers hold.
 extern "C" int hc_scatter_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, const void* in, void* out,
                                  const int32_t* sizes_device, const int32_t* sizes_host, int64_t row_bytes,
-                                 int64_t in_rows, int64_t out_rows, cudaStream_t stream) {
+                                 int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
   const int blocks = blocks_for(in_rows * io.row_lanes, *g);
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kScatterTokensOneShot)
-      scatter_tokens<Elem, kScatterTokensOneShot><<<blocks, kThreads, 0, stream>>>(*g, tp, (const uint2*)in,
-                                                                                   (uint2*)out, io);
+      status = launch_kernel(scatter_tokens<Elem, kScatterTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp,
+                             (const uint2*)in, (uint2*)out, io);
     else
-      scatter_tokens<Elem, kScatterTokensTwoShot><<<blocks, kThreads, 0, stream>>>(*g, tp, (const uint2*)in,
-                                                                                   (uint2*)out, io);
+      status = launch_kernel(scatter_tokens<Elem, kScatterTokensTwoShot>, blocks, kThreads, stream, pdl, *g, tp,
+                             (const uint2*)in, (uint2*)out, io);
   });
-  return launch_status();
+  return status;
 }

@@ -1,0 +1,129 @@
+"""Nsight Compute profiles of our kernels at decode sizes, on the GPUs there are (2 or 4).
+
+    python3 scripts/ncu_profile.py --out DIR [--world N] [--set full]
+
+Spawns `world` ranks (NCCL); rank 0 runs under `ncu` with profiling off except around one
+call per case (cudaProfilerStart/Stop), so only that call's kernel is profiled; the other
+ranks run plainly. Writes DIR/ncu_rank0.txt (ncu's details page per kernel, in case order).
+
+What the numbers mean: ncu replays a kernel many times (one pass per group of counters),
+restoring rank 0's memory before each pass. So rank 0 launches its profiled call only after
+its peers have launched theirs and their data has landed in its receive buffers: every pass
+then finds the data already there and measures rank 0's own work -- launch, prologue, sends,
+polling, the reduction, the epilogue -- but not the wait for the slowest peer. ncu also
+locks clocks to base and flushes caches between passes, so durations are higher than in the
+benchmarks; compare kernels with each other, and read throughput and stall reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes or tokens per DP rank)
+    ("all_reduce 2 KB, LL one-shot", "dp2", "dp4", "all_reduce", "one_shot", 2048),
+    ("all_reduce 2 KB, Lamport one-shot", "dp2", "dp4", "all_reduce", "lamport", 2048),
+    ("gather_tokens 16 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 16),
+    ("gather_tokens 256 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 256),
+    ("gather_tokens 16 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 16),
+    ("gather_tokens 256 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 256),
+]
+HIDDEN = 4096
+WARMUP = 20
+PEER_HEAD_START_S = 0.3  # rank 0 launches this long after its peers (see the module docstring)
+
+
+def _call(comm, op: str, size: int, device):
+    import torch
+
+    if op == "all_reduce":
+        x = torch.randn(size // 2, dtype=torch.bfloat16, device=device)
+        return lambda: comm.all_reduce(x)
+    tokens = [size] * comm.layout.attn_dp
+    x = torch.randn(size, HIDDEN, dtype=torch.bfloat16, device=device)
+    return lambda: comm.gather_tokens(x, tokens)
+
+
+def worker(rank: int, world: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    import hybridcomm as hc
+    from hybridcomm.algorithms import NAMED_TABLES
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    dist.init_process_group("nccl", device_id=device)
+    # Host-side barriers (no kernel on the profiled stream), with a timeout so a failed rank
+    # does not leave the others waiting.
+    host = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
+    cudart = torch.cuda.cudart()
+    for name, layout2, layout4, op, table, size in CASES:
+        layout = hc.Layout.parse(layout2 if world == 2 else layout4)
+        comm = hc.Communicator(layout, table=NAMED_TABLES[table], workspace_bytes=8 << 20)
+        call = _call(comm, op, size, device)
+        for _ in range(WARMUP):
+            call()
+        torch.cuda.synchronize()
+        dist.barrier(group=host)
+        if rank == 0:
+            time.sleep(PEER_HEAD_START_S)
+            print(f"[ncu] profiling: {name} ({layout.name})", flush=True)
+            cudart.cudaProfilerStart()
+        call()
+        torch.cuda.synchronize()
+        if rank == 0:
+            cudart.cudaProfilerStop()
+        dist.barrier(group=host)
+        try:
+            comm.check_errors()
+        except hc.PeerTimeout as e:  # report and go on: the profile of rank 0 is still valid
+            print(f"[ncu] rank {rank}: {name}: {e}", flush=True)
+        del comm
+    dist.barrier(group=host)
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--world", type=int, default=None, help="default: 4 with 4+ GPUs, else 2")
+    parser.add_argument("--set", default="full", help="ncu section set")
+    parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.world, args.port)
+        return 0
+    ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
+    if not os.path.exists(ncu):
+        print("ncu not found: nothing profiled", file=sys.stderr)
+        return 1
+    if args.world is None:
+        import torch
+
+        args.world = 4 if torch.cuda.device_count() >= 4 else 2
+    os.makedirs(args.out, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    me = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--world", str(args.world),
+          "--port", str(port)]
+    profiled = [ncu, "--profile-from-start", "off", "--set", args.set, "--target-processes", "application-only",
+                "--log-file", os.path.join(args.out, "ncu_rank0.txt")]
+    procs = [subprocess.Popen((profiled if r == 0 else []) + me + ["--worker", str(r)]) for r in range(args.world)]
+    codes = [p.wait(timeout=900) for p in procs]
+    print(f"[ncu] exit codes {codes}; profile: {os.path.join(args.out, 'ncu_rank0.txt')}")
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

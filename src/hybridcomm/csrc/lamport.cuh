@@ -1,0 +1,209 @@
+// The Lamport protocol: the payload is the flag.
+//
+// Every 16-byte store carries 16 bytes of data (LL packets carry 8). A receive area is filled
+// with a sentinel bit pattern before anyone writes to it; the receiver polls a 16-byte unit
+// until none of its four 32-bit words equals the sentinel word. So data and "ready" arrive
+// together without a flag: a store torn into pieces (NVLink keeps aligned 4-byte words whole)
+// shows a sentinel word in the part not yet landed and is simply polled again.
+//
+// Reserved pattern. No word of real data may equal the sentinel word 0xFFFFFFFF, so inputs go
+// through fix_reserved() (reserved.cuh) before they are sent and before they are used locally.
+// The reference backend and the oracle apply the same transform (hybridcomm/reserved.py), so
+// every backend returns the same bits.
+//
+// Slots. A group's Lamport part of the workspace holds 3 slots x members areas per rank; area
+// (slot, src) on rank r receives what member src sends r in a call that uses `slot`. The slot
+// is a per-group counter in device memory (LamportState, 0..2), advanced by every Lamport call
+// of the group, on every rank in the same order, so graphs replay without host fix-ups. Call L
+// uses slot L % 3 and re-fills (with the sentinel) this rank's areas of slot (L - 1) % 3 -- the
+// one the previous Lamport call read -- but only the units that call used (LamportState keeps
+// that count), so no memset and no barrier.
+//
+// Why that re-fill is safe (rank B re-fills its slot (L-1)%3 during its call L):
+//  1. B itself is done with it: B's call L-1 was an earlier kernel on the same stream, complete
+//     once B passes wait_for_previous_kernel() (pdl.cuh, in begin_call), and the re-fill comes after.
+//  2. No peer A still writes it for call L-1: B finished call L-1 only after it had received
+//     every unit it expected, and A writes exactly those units (same counts on every rank), so
+//     all of A's stores for L-1 had landed.
+//  3. No peer A writes it for call L+2 (the next use of that slot) before the re-fill is done:
+//     A stores anything for call L+2 only after its own wait, i.e. after finishing the group's
+//     previous call, whose end waits for B's arrival packet of that call (call.cuh: arrive /
+//     end_call; every group call counts, LL or Lamport). B sends that packet after its own
+//     wait_for_previous_kernel(), i.e. after its call L -- the re-fill included -- completed.
+//     So A's stores of call L+2 land after the sentinel. (A peer is at most one group call
+//     ahead; the three slots give that call a slot nobody reads or re-fills meanwhile.)
+//  4. B's polled loads are volatile (L1 bypassed), so they see the re-fill and then A's data,
+//     never a stale line.
+// Arrival packets are what bound a peer's lead when no data flows back (a rank with zero rows
+// sends nothing), so they stay even though the data needs no flag. docs/lamport.md has the whole argument.
+#pragma once
+
+#include "lanes.cuh"
+#include "pdl.cuh"
+#include "reserved.cuh"
+#include "rows.cuh"
+
+namespace hc {
+
+// -- units --------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void put_unit(uint4* dst, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ bool try_get_unit(const uint4* src, uint4& v) {
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(src)
+               : "memory");
+  return v.x != kSentinelWord && v.y != kSentinelWord && v.z != kSentinelWord && v.w != kSentinelWord;
+}
+
+// Sum of 16-byte units over sources 0..n-1 in order, fp32, rounded once (lanes.cuh sum_lanes).
+template <typename T>
+__device__ __forceinline__ uint4 sum_units(const uint4 (&v)[kMaxRanks], int n) {
+  uint2 lo[kMaxRanks], hi[kMaxRanks];
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    lo[s] = make_uint2(v[s].x, v[s].y);
+    hi[s] = make_uint2(v[s].z, v[s].w);
+  }
+  float a[4], b[4];
+  sum_lanes<T>(lo, n, a);
+  sum_lanes<T>(hi, n, b);
+  const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
+  return make_uint4(ra.x, ra.y, rb.x, rb.y);
+}
+
+// Unit i of a buffer holding `units` units, with the reserved pattern fixed; zeros beyond it.
+template <typename T>
+__device__ __forceinline__ uint4 load_unit(const uint4* __restrict__ p, int64_t i, int64_t units) {
+  return i < units ? fix_reserved<T>(p[i]) : make_uint4(0, 0, 0, 0);
+}
+
+// -- calls --------------------------------------------------------------------------------------
+
+struct LamportCall {
+  CallCtx cx;            // the group call (arrival packets, deadline, errors)
+  const LamportArgs& l;
+  int slot;              // slot this call receives in (and sends to)
+  int refill_slot;       // slot the previous Lamport call used: re-filled now
+  int64_t refill_units;  // units per source area that call used
+
+  // Area of member `src` in `slot` of member `owner`'s Lamport part.
+  __device__ __forceinline__ uint4* area(int owner, int slot_index, int src) const {
+    return (uint4*)(l.bases[owner] + ((uint64_t)slot_index * cx.g.nranks + src) * l.area_bytes);
+  }
+  // My area that member `src` writes into this call.
+  __device__ __forceinline__ uint4* inbox(int src) const { return area(cx.g.me, slot, src); }
+  // Member `peer`'s area that I write into this call.
+  __device__ __forceinline__ uint4* outbox(int peer) const { return area(peer, slot, cx.g.me); }
+  // The fingerprint's algorithm field (abi.h kLamportOneShot): includes the slot, so peers
+  // whose slots are out of step disagree instead of reading a stale slot.
+  __device__ __forceinline__ int algorithm() const { return kLamportOneShot + slot; }
+};
+
+// The kernel prologue: the group call (begin_call does the PDL wait first, pdl.cuh), then the
+// Lamport counters. The caller computes its counts and then calls arrive().
+__device__ __forceinline__ LamportCall begin_lamport_call(const GroupArgs& g, const LamportArgs& l, int op) {
+  const CallCtx cx = begin_call(g, op);
+  const uint32_t slot = *(volatile uint32_t*)&l.state[kLamportSlot];
+  const uint32_t used = *(volatile uint32_t*)&l.state[kLamportUsedUnits];
+  return LamportCall{cx, l, (int)slot, (int)((slot + kLamportSlots - 1) % kLamportSlots), (int64_t)used};
+}
+
+// Waits for unit i of every source s < n with wants(s) (member member_base + s) in my areas,
+// polling them all at once; data[s] is written for those. Gives up like every wait (call.cuh).
+template <typename Wants>
+__device__ __forceinline__ uint32_t wait_units(const LamportCall& lc, int n, int member_base, int64_t i, Wants wants,
+                                               uint4 (&data)[kMaxRanks]) {
+  return wait_all(
+      lc.cx, n, member_base, wants, [&](int s) { return (const uint4*)lc.inbox(member_base + s) + i; },
+      [](const uint4* p, uint4& v) { return try_get_unit(p, v); }, data);
+}
+
+// My rows summed over every member in group order, fp32, rounded once: unit i (< count) of
+// mine is in[offset + i] (in holds in_units units), the others' arrive in my areas; out holds
+// out_units units. The receive side of reduce_scatter_v and scatter_tokens.
+template <typename T>
+__device__ __forceinline__ void reduce_my_rows(const LamportCall& lc, const uint4* __restrict__ in, int64_t in_units,
+                                               int64_t offset, int64_t count, uint4* __restrict__ out,
+                                               int64_t out_units) {
+  const int n = lc.cx.g.nranks, me = lc.cx.g.me;
+  for (int64_t i = grid_thread(); i < count; i += grid_threads()) {
+    uint4 data[kMaxRanks];
+    const uint4 local = load_unit<T>(in, offset + i, in_units);
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for s == me
+    wait_units(lc, n, 0, i, [&](int s) { return s != me; }, data);
+    const uint4 r = sum_units<T>(data, n);
+    if (i < out_units) out[i] = r;
+  }
+}
+
+// Re-fill my areas of the previous call's slot with the sentinel (see the header comment).
+// Called after this call's sends: it runs while their data is in flight.
+__device__ __forceinline__ void refill_previous_slot(const LamportCall& lc) {
+  const GroupArgs& g = lc.cx.g;
+  const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);
+  const int64_t per_area = lc.refill_units, total = per_area * (g.nranks - 1);
+  for (int64_t j = grid_thread(); j < total; j += grid_threads()) {
+    const int k = (int)(j / per_area);
+    const int src = k < g.me ? k : k + 1;  // every member but me
+    lc.area(g.me, lc.refill_slot, src)[j - k * per_area] = sentinel;
+  }
+}
+
+// Every block ends here (call.cuh end_call); the last block also advances the Lamport slot and
+// remembers how many units per source area this call used (what the next Lamport call
+// re-fills). Nobody reads these words again in this kernel, and the next kernel reads them
+// after its PDL wait, i.e. after this kernel completed.
+//
+// After a call whose ranks disagreed (ArgumentMismatch: other counts or widths), a peer may
+// have written more units into my areas than I expected -- beyond what the normal re-fill
+// covers -- and may still have been writing when I finished. So that call records it, and the
+// next Lamport call's last block re-fills the previous slot's areas whole. Safe there: block
+// 0's arrival wait has seen every peer start this call, so they finished the previous one and
+// its stores have landed; and they write that slot again only two calls later. (Rare and slow:
+// one block, whole areas.) Ranks that ran different protocols in one call get out of step for
+// good: see docs/lamport.md.
+__device__ __forceinline__ void end_lamport_call(const LamportCall& lc, int64_t used_units) {
+  end_call(lc.cx, [&] {
+    const GroupArgs& g = lc.cx.g;
+    if (lc.l.state[kLamportMismatched]) {
+      const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);
+      uint4* slot = lc.area(g.me, lc.refill_slot, 0);  // the slot's areas back to back
+      const int64_t units = (int64_t)g.nranks * (int64_t)(lc.l.area_bytes / kLamportUnitBytes);
+      for (int64_t j = threadIdx.x; j < units; j += blockDim.x) slot[j] = sentinel;
+    }
+    __syncthreads();  // every thread read the word above before it changes
+    if (threadIdx.x == 0) {
+      __threadfence();  // errors recorded by other blocks (end_call fenced them before counting)
+      const uint32_t code = (uint32_t)(*(volatile unsigned long long*)g.error_word & kErrorFieldMask);
+      // Any recorded error, not only kArgumentMismatch: the first error wins the word, and a
+      // capacity error may hide a disagreement. Rare, so the whole re-fill costs little.
+      lc.l.state[kLamportMismatched] = code != kOk;
+      lc.l.state[kLamportUsedUnits] = (uint32_t)used_units;
+      lc.l.state[kLamportSlot] = (uint32_t)((lc.slot + 1) % kLamportSlots);
+    }
+  });
+}
+
+// Row counts checked against the Lamport area (rows.cuh load_counts_checked for the LL areas):
+// on overflow every rank reaches the same verdict, nobody sends or waits, the host raises
+// CapacityExceeded.
+__device__ __forceinline__ RowCounts lamport_counts(const LamportCall& lc, const SizesArg& s, int n,
+                                                    int64_t row_units) {
+  RowCounts rc = load_counts(s, n);
+  if (!fits_area(rc.max * row_units * kLamportUnitBytes, kLamportWireFactor, lc.l.area_bytes)) {
+    if (grid_thread() == 0) lc.cx.fail(kCapacity, lc.cx.g.me);
+    const uint32_t hash = rc.hash;
+    rc = RowCounts{};
+    rc.hash = hash;
+  }
+  return rc;
+}
+
+}  // namespace hc

@@ -1,0 +1,109 @@
+// gather_tokens / scatter_tokens one-shot on the Lamport protocol (lamport.cuh). The group is
+// the world, ranks numbered rank = dp * tp + t; DP group d holds counts[d] rows.
+//
+// gather (partial rows, tp >= 2): every rank pushes all its rows, 16 bytes of data per store,
+//   to every peer; each rank sums each group's tp contributions (tp order, fp32, rounded once)
+//   into the group's place of the output. One hop.
+// scatter: every rank pushes group d's rows of its input to each of d's tp ranks; each rank
+//   sums the world's contributions to its group's rows (world order). One hop.
+// Unit i of a group is unit i of its row-major rows, in every area.
+#include "lamport.cuh"
+#include "launch.cuh"
+
+namespace hc {
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    lamport_gather_tokens_one_shot(GroupArgs g, const __grid_constant__ LamportArgs l, int tp,
+                                   const uint4* __restrict__ in, uint4* __restrict__ out, RowsArg io) {
+  LamportCall lc = begin_lamport_call(g, l, kGatherTokens);
+  const int n = g.nranks, me = g.me, dp = n / tp, d = me / tp, t = me % tp;
+  const int64_t row_units = io.row_lanes / 2;
+  const RowCounts rc = lamport_counts(lc, io.sizes, dp, row_units);
+  check_buffers(lc.cx, rc.count[d] > io.in_rows || rc.offset[dp] > io.out_rows);
+  arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash,
+                                 (uint64_t)row_units * 16));
+  const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
+  const int64_t my_units = rc.count[d] * row_units;
+  for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
+    const uint4 v = load_unit<T>(in, i, in_units);
+    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
+  }
+  refill_previous_slot(lc);
+  const int64_t total = rc.offset[dp] * row_units;
+  for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
+    int od = 0;  // the DP group of output unit o
+    while (od + 1 < dp && rc.offset[od + 1] * row_units <= o) ++od;
+    const int64_t i = o - rc.offset[od] * row_units;
+    uint4 data[kMaxRanks];
+    const uint4 local = od == d ? load_unit<T>(in, i, in_units) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
+    // Source s: tp rank s of group od, member od * tp + s.
+    wait_units(lc, tp, od * tp, i, [&](int s) { return !(od == d && s == t); }, data);
+    const uint4 r = sum_units<T>(data, tp);
+    if (o < out_units) out[o] = r;
+  }
+  end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count[d] rows to me
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    lamport_scatter_tokens_one_shot(GroupArgs g, const __grid_constant__ LamportArgs l, int tp,
+                                    const uint4* __restrict__ in, uint4* __restrict__ out, RowsArg io) {
+  LamportCall lc = begin_lamport_call(g, l, kScatterTokens);
+  const int n = g.nranks, me = g.me, dp = n / tp, d = me / tp;
+  const int64_t row_units = io.row_lanes / 2;
+  const RowCounts rc = lamport_counts(lc, io.sizes, dp, row_units);
+  check_buffers(lc.cx, rc.offset[dp] > io.in_rows || rc.count[d] > io.out_rows);
+  arrive(lc.cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, lc.algorithm(), tp - 1, rc.hash,
+                                 (uint64_t)row_units * 16));
+  const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
+  for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
+    lc.cx.everyone().for_each_other([&](int peer) {  // group pd's rows go to each of its ranks
+      const int pd = peer / tp;
+      if (i < rc.count[pd] * row_units)
+        put_unit(lc.outbox(peer) + i, load_unit<T>(in, rc.offset[pd] * row_units + i, in_units));
+    });
+  }
+  refill_previous_slot(lc);
+  const int64_t my_units = rc.count[d] * row_units;
+  reduce_my_rows<T>(lc, in, in_units, rc.offset[d] * row_units, my_units, out, out_units);
+  end_lamport_call(lc, my_units);  // every rank wrote my group's rows into my areas
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// One launcher per transition: the arguments of hc_gather_tokens / hc_scatter_tokens for
+// one-shot (partial rows only for the gather), plus pdl (pdl.cuh).
+extern "C" int hc_lamport_gather_tokens(const GroupArgs* g, const LamportArgs* l, int dtype, int tp, const void* in,
+                                        void* out, const int32_t* sizes_device, const int32_t* sizes_host,
+                                        int64_t row_bytes, int64_t in_rows, int64_t out_rows, int pdl,
+                                        cudaStream_t stream) {
+  // tp >= 2: with one rank per DP group the transition is all_gather_v, which moves the bits
+  // unchanged (this kernel would round each row through fp32).
+  if (row_bytes % kRowAlignBytes || tp < 2 || g->nranks % tp) return (int)cudaErrorInvalidValue;
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const int blocks = blocks_for(out_rows * (row_bytes / kLamportUnitBytes), *g);
+  HC_DISPATCH_DTYPE(dtype, {
+    return launch_kernel(lamport_gather_tokens_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l, tp,
+                         (const uint4*)in, (uint4*)out, io);
+  });
+  return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int hc_lamport_scatter_tokens(const GroupArgs* g, const LamportArgs* l, int dtype, int tp, const void* in,
+                                         void* out, const int32_t* sizes_device, const int32_t* sizes_host,
+                                         int64_t row_bytes, int64_t in_rows, int64_t out_rows, int pdl,
+                                         cudaStream_t stream) {
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const int blocks = blocks_for(in_rows * (row_bytes / kLamportUnitBytes), *g);
+  HC_DISPATCH_DTYPE(dtype, {
+    return launch_kernel(lamport_scatter_tokens_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l, tp,
+                         (const uint4*)in, (uint4*)out, io);
+  });
+  return (int)cudaErrorInvalidValue;
+}
