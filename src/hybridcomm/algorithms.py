@@ -12,6 +12,12 @@ op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
 
 Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
 (results/): the size where the next algorithm starts winning.
+
+Groups that span nodes use the table of their node count (TABLES: the entry with the largest
+node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
+legs inside a node are the communicator's own ops on the group's node part (so they go
+through TABLE again) and whose legs across nodes run on the group's rails. The thresholds
+there come from the cost model (costmodel.py) until measured on real nodes.
 """
 
 from __future__ import annotations
@@ -65,6 +71,31 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
 }
+
+
+# Groups across nodes. all_reduce: one-shot (all-reduce in the node, then every rank gathers
+# its rail's node sums: two legs, the whole message on the network from every GPU) while the
+# network bytes it adds cost less than the third leg of the two-shot (reduce-scatter in the
+# node, all-reduce on the rail, all-gather in the node: 1/L of the message per GPU on the
+# network). The cost model puts the crossover near 256 KB for 8 GPUs per node and 400 Gb/s.
+# Gathers and scatters run their rail leg with each GPU's own rows only, at every size.
+SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
+    "all_reduce": (
+        Rule(256 * KiB, "hierarchical", "one_shot"),
+        Rule(None, "hierarchical", "two_shot"),
+    ),
+    **{op: (Rule(None, "hierarchical", "rail_first"),)
+       for op in ("all_gather_v", "reduce_scatter_v", "gather_tokens", "gather_tokens_norm", "scatter_tokens")},
+}
+
+# Node count -> table; a group uses the entry with the largest node count <= its own.
+TABLES: dict[int, dict[str, tuple[Rule, ...]]] = {1: TABLE, 2: SPANNING_TABLE}
+
+
+def table_for_nodes(nodes: int, single_node: dict[str, tuple[Rule, ...]] = TABLE) -> dict[str, tuple[Rule, ...]]:
+    """The table for a group over `nodes` nodes (`single_node` replaces TABLES[1])."""
+    key = max(k for k in TABLES if k <= nodes)
+    return single_node if key == 1 else TABLES[key]
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from .arguments import split_evenly
-from .backends.reference import sum_in_order
 from .layout import Layout
 from .norm import add_rms_norm
+from .topology import sum_by_node
 
 OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "scatter_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -111,6 +111,11 @@ def _with_spare(x: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 # -- oracle ---------------------------------------------------------------------------------
+def group_sum(case: Case, parts: list[torch.Tensor], members) -> torch.Tensor:
+    """fp32 sum of the members' parts in the defined order (per node first across nodes)."""
+    return sum_by_node(parts, tuple(case.layout.coords(m).node for m in members), case.torch_dtype)
+
+
 def expected(case: Case, rank: int, device):
     """What `rank` must receive: a tensor, or (normed, residual_out) for the fused gather."""
     lay = case.layout
@@ -119,21 +124,21 @@ def expected(case: Case, rank: int, device):
         members = lay.group_ranks(case.group, rank)
         me = members.index(rank)
         if case.op == "all_reduce":
-            return sum_in_order([inp(m) for m in members]).to(case.torch_dtype)
+            return group_sum(case, [inp(m) for m in members], members).to(case.torch_dtype)
         if case.op == "all_gather_v":
             return torch.cat([inp(m) for m in members])
         start = sum(case.sizes[:me])
         rows = slice(start, start + case.sizes[me])
-        return sum_in_order([inp(m)[rows] for m in members]).to(case.torch_dtype)
+        return group_sum(case, [inp(m)[rows] for m in members], members).to(case.torch_dtype)
     c = lay.coords(rank)
     if case.op == "scatter_tokens":
         start = sum(case.sizes[: c.attn_dp_rank])
         rows = slice(start, start + case.sizes[c.attn_dp_rank])
-        return sum_in_order([inp(r)[rows] for r in range(lay.world_size)]).to(case.torch_dtype)
+        return group_sum(case, [inp(r)[rows] for r in range(lay.world_size)], range(lay.world_size)).to(case.torch_dtype)
     gathered, residual_out = [], None
     for d in range(lay.attn_dp):
         tp_ranks = range(d * lay.attn_tp, (d + 1) * lay.attn_tp)
-        reduced = sum_in_order([inp(r) for r in tp_ranks]) if case.partial else inp(d * lay.attn_tp)
+        reduced = group_sum(case, [inp(r) for r in tp_ranks], tp_ranks) if case.partial else inp(d * lay.attn_tp)
         if case.fused:
             residual, weight = fusion_inputs(case, d, device)
             normed, r_out = add_rms_norm(reduced, residual, weight, 1e-6)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from . import algorithms
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
+from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
@@ -68,8 +69,8 @@ class Communicator:
         self.device = resolve_device(device)
         self.validate = bool(validate)
         self.timeout_s = float(timeout_s)
-        self.groups = create_groups(layout, self.rank)
-        self.backends = {"reference": ReferenceBackend(self.groups)}
+        self.groups = create_groups(layout, self.rank, self.timeout_s)
+        self.backends = {"reference": ReferenceBackend(self.groups), "hierarchical": HierarchicalBackend(self)}
         self.forced = None if backend == "auto" else backend
         self.table = algorithms.TABLE if table is None else table
         if self.device.type == "cuda":
@@ -177,7 +178,7 @@ class Communicator:
 
     # -- helpers ----------------------------------------------------------------------------
     def _group(self, name: str) -> Group:
-        if name not in self.groups:
+        if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"
             raise ValueError(f"group: unknown group name {name!r}; valid names are {list(GROUP_NAMES)}")
         return self.groups[name]
 
@@ -241,6 +242,10 @@ class Communicator:
     def _select(self, op: str, group: Group, nbytes: int, x: torch.Tensor, sizes: Sizes | None = None):
         if self.forced in ("reference", "nccl"):
             return self.backends[self.forced], None
+        nodes = len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
+        if nodes > 1:  # across nodes: hierarchical legs, on CPU and GPU alike
+            choice = algorithms.choose(op, nbytes, lambda _: None, algorithms.table_for_nodes(nodes))
+            return self.backends[choice.backend], choice.algorithm
         if self.device.type == "cpu":
             return self.backends["reference"], None
         nvlink = self.backends.get("nvlink")

@@ -5,6 +5,7 @@ This is the semantic truth that every fast path is compared with. It moves raw b
 group order, then rounds once. Every backend reduces in this order, so a kernel that
 does the same produces the same bits, and all ranks holding a value hold the same bits.
 It favours obviousness over speed: reductions gather every contribution to every rank.
+For a group that spans nodes the order is per node, then over nodes (topology.sum_by_node).
 """
 
 from __future__ import annotations
@@ -16,14 +17,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
 from ..norm import add_rms_norm
-
-
-def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
-    """fp32 sum in list order: ((p0 + p1) + p2) + ..."""
-    acc = parts[0].float().clone()
-    for p in parts[1:]:
-        acc += p.float()
-    return acc
+from ..topology import sum_by_node
 
 
 def gather_rows(x: torch.Tensor, counts: list[int], group: Group) -> list[torch.Tensor]:
@@ -70,7 +64,7 @@ class ReferenceBackend:
 
     def all_reduce(self, x: torch.Tensor, group: Group, algorithm=None) -> torch.Tensor:
         parts = gather_rows(x, [x.shape[0]] * group.size, group)
-        return sum_in_order(parts).to(x.dtype)
+        return sum_by_node(parts, group.nodes, x.dtype).to(x.dtype)
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         counts = host_counts(sizes, group.index, x.shape[0], "all_gather_v")
@@ -85,14 +79,14 @@ class ReferenceBackend:
                                    f"holds only {x.shape[0]}")
         start = sum(counts[: group.index])
         parts = gather_rows(x[:total], [total] * group.size, group)
-        mine = sum_in_order([p[start : start + counts[group.index]] for p in parts]).to(x.dtype)
+        mine = sum_by_node([p[start : start + counts[group.index]] for p in parts], group.nodes, x.dtype).to(x.dtype)
         return pad_rows(mine, result_rows(sizes, group.index, x.shape[0], gathered=False))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
         tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
         counts = host_counts(dp_sizes, dp.index, x.shape[0], "gather_tokens")
         mine = x[: counts[dp.index]]
-        reduced = sum_in_order(gather_rows(mine, [mine.shape[0]] * tp.size, tp)) if partial else mine
+        reduced = sum_by_node(gather_rows(mine, [mine.shape[0]] * tp.size, tp), tp.nodes, x.dtype) if partial else mine
         residual_out = None
         if fusion is None:
             send = reduced.to(x.dtype)
@@ -114,5 +108,5 @@ class ReferenceBackend:
                                    f"holds only {y.shape[0]}")
         start = sum(counts[: dp.index])
         parts = gather_rows(y[:total], [total] * world.size, world)
-        mine = sum_in_order([p[start : start + counts[dp.index]] for p in parts]).to(y.dtype)
+        mine = sum_by_node([p[start : start + counts[dp.index]] for p in parts], world.nodes, y.dtype).to(y.dtype)
         return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
