@@ -4,9 +4,12 @@ against the oracle bit for bit (the order across nodes is topology.sum_by_node's
 the second node that skips a call; the internal node and rail groups."""
 
 import pytest
+import torch
 
 from hybridcomm import Layout
-from hybridcomm.check import cases_for_layout
+from hybridcomm.check import Case, cases_for_layout
+from hybridcomm.spmd import SpmdPool
+from hybridcomm.topology import has_rails, split, sum_by_node, sum_in_order
 from test_ops import run_checked
 
 
@@ -20,5 +23,99 @@ def layouts(world: int, ranks_per_node: int) -> list[Layout]:
 def test_world_4_every_layout_across_nodes(pool, ranks_per_node, backend):
     cases = []
     for i, lay in enumerate(layouts(4, ranks_per_node)):
-        cases += cases_for_layout(lay, dtypes=("bfloat16",), data="randn", device_sizes=(False, True), seed=i)
+        cases += cases_for_layout(lay, dtypes=("bfloat16", "float32"), data="randn", device_sizes=(False, True),
+                                  seed=i)
     run_checked(pool, 4, cases, backend=backend)
+
+
+def _large_all_reduce_cases(layout: Layout) -> list[Case]:
+    """Above the one-shot limit of the table for groups across nodes: the two-shot path, with
+    rows of 16 bytes and (row shape (3,)) without."""
+    return [Case("all_reduce", layout, (rows,), group, row_shape, "bfloat16", "randn", seed=7)
+            for group in ("world", "attn_dp") for rows, row_shape in ((20000, (8,)), (50001, (3,)))]
+
+
+@pytest.mark.timeout(300)
+def test_world_4_two_shot_all_reduce_across_nodes(pool):
+    run_checked(pool, 4, _large_all_reduce_cases(Layout(4, attn_tp=2, ranks_per_node=2)), backend="auto")
+
+
+WORLD_8 = [Layout(8, attn_tp=2, moe_tp=1, ranks_per_node=4), Layout(8, attn_tp=4, moe_tp=2, ranks_per_node=2),
+           Layout(8, attn_tp=1, moe_tp=4, ranks_per_node=2), Layout(8, attn_tp=8, moe_tp=1, ranks_per_node=4)]
+
+
+@pytest.mark.timeout(300)
+def test_world_8_across_2_and_4_nodes(pool):
+    cases = []
+    for i, lay in enumerate(WORLD_8):
+        # bf16 shows the rounding per node; fp32 (sums of few bf16 values are exact in fp32) the order
+        cases += cases_for_layout(lay, dtypes=(("bfloat16", "float32")[i % 2],), data="randn",
+                                  device_sizes=(i % 2 == 0,), seed=i)
+    cases += _large_all_reduce_cases(WORLD_8[1])[:1]
+    run_checked(pool, 8, cases, backend="auto")
+
+
+def _selections(layout: Layout) -> dict:
+    from hybridcomm.check import communicator
+
+    comm = communicator(layout)
+    x = torch.zeros(4, 8)
+    return {name: comm._select("all_reduce", comm.groups[name], x.numel() * 4, x)[0].name
+            for name in ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")}
+
+
+def test_groups_across_nodes_take_the_hierarchical_path_and_groups_in_a_node_keep_theirs(pool):
+    lay = Layout(4, attn_tp=2, moe_tp=2, ranks_per_node=2)
+    chosen = pool(4).run(_selections, lay)[0]
+    assert chosen == {"world": "hierarchical", "attn_tp": "reference", "attn_dp": "hierarchical",
+                      "moe_tp": "reference", "moe_ep": "hierarchical"}
+
+
+def test_node_parts_and_rails():
+    s = split(Layout(8, attn_tp=2, ranks_per_node=4), (0, 2, 4, 6))
+    assert s.node_part(6) == (4, 6) and s.rail(6) == (2, 6) and s.per_node == 2
+    assert has_rails(Layout(8, ranks_per_node=4), tuple(range(8)))
+    assert not has_rails(Layout(8, attn_tp=2, ranks_per_node=4), (0, 1))  # one node
+
+
+def test_order_across_nodes_rounds_each_node_once():
+    parts = [torch.randn(1000).bfloat16() for _ in range(4)]
+    across = sum_by_node(parts, (0, 0, 1, 1), torch.bfloat16)
+    node_sums = [(parts[0].float() + parts[1].float()).bfloat16(), (parts[2].float() + parts[3].float()).bfloat16()]
+    assert torch.equal(across, node_sums[0].float() + node_sums[1].float())
+    assert torch.equal(sum_by_node(parts, (0, 0, 0, 0), torch.bfloat16), sum_in_order(parts))
+    assert not torch.equal(across.bfloat16(), sum_in_order(parts).bfloat16())  # the orders do differ
+
+
+def _skip_one_call(skipper: int, timeout_s: float):
+    import time
+
+    import torch.distributed as dist
+
+    import hybridcomm as hc
+
+    comm = hc.Communicator(Layout(4, ranks_per_node=2), timeout_s=timeout_s)
+    x = torch.randn(4, 8)
+    comm.all_reduce(x)  # every rank: the groups work
+    if dist.get_rank() == skipper:
+        return None
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except hc.PeerTimeout as e:
+        return {"op": e.op, "group": e.group, "peer": e.peer, "message": str(e), "s": time.monotonic() - t0}
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_of_the_second_node_that_skips_a_call_fails_every_other_rank_in_time():
+    with SpmdPool(4) as p:
+        got = p.run(_skip_one_call, 3, 2.0, timeout=60)
+        p.close(kill=True)  # the groups saw a timeout: nothing more runs on them
+    assert got[3] is None
+    for rank in (0, 1, 2):
+        assert isinstance(got[rank], dict), f"rank {rank}: {got[rank]}"
+        assert got[rank]["op"] == "all_reduce" and got[rank]["group"] == "world", got[rank]
+    # Ranks 1 (rail 1-3) and 2 (node 2-3) wait for rank 3 itself; rank 0's rail peer is rank 2.
+    assert got[1]["peer"] == 3 and got[2]["peer"] == 3 and got[0]["peer"] == 2
+    assert "did not arrive within 2 s" in got[0]["message"]
