@@ -202,6 +202,25 @@ def cmd_bench_layer(args) -> int:
     return 0
 
 
+# -- model -------------------------------------------------------------------------------------
+def cmd_model(args) -> int:
+    from . import costmodel
+
+    p = costmodel.Params(net_gbps=args.net_gbps, hop_us=args.hop_us, node_legs=args.node_legs)
+    if args.results:
+        ours, nccl = costmodel.in_node_legs(Path(args.results))
+        p = costmodel.replace(p, ours=ours, nccl=nccl)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for nodes in [int(n) for n in args.nodes.split(",")]:
+        world = nodes * args.gpus_per_node
+        layouts = args.layouts.split(",") if args.layouts else [f"dp{world}", f"dp{world // 2}xtp2", f"tp{world}"]
+        rows = costmodel.predict(nodes, args.gpus_per_node, layouts, tokens, sizes, args.hidden * 2, p)
+        print(costmodel.markdown(rows, nodes, args.gpus_per_node, p))
+        print()
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hybridcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -224,6 +243,21 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
     build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
     build.set_defaults(fn=cmd_build)
+
+    model = sub.add_parser("model", help="predicted µs across nodes: flat NCCL vs hierarchical (costmodel.py)")
+    model.add_argument("--nodes", default="2,4", help="node counts, comma-separated")
+    model.add_argument("--gpus-per-node", type=int, default=8)
+    model.add_argument("--net-gbps", type=float, default=50.0, help="GB/s per GPU and direction (400 Gb/s IB: 50)")
+    model.add_argument("--hop-us", type=float, default=5.0, help="µs per network step of a collective")
+    model.add_argument("--node-legs", choices=["best", "nccl"], default="best",
+                       help="legs in a node: the table's best of ours and NCCL, or NCCL only")
+    model.add_argument("--layouts", default=None, help="default: dp<W>, dp<W/2>xtp2, tp<W>")
+    model.add_argument("--tokens", default="1,4,16,64,2048,8192", help="tokens per DP group")
+    model.add_argument("--sizes", default="2048,32768,262144,1048576,16777216,67108864",
+                       help="all_reduce bytes")
+    model.add_argument("--hidden", type=int, default=4096, help="bf16 row width of the transitions")
+    model.add_argument("--results", default=None, help="a `bench ops --world 4` JSON to take the in-node legs from")
+    model.set_defaults(fn=cmd_model)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
