@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ..arguments import Sizes, result_rows, split_evenly
+from ..arguments import Sizes, parse_sizes, result_rows, split_evenly
 from ..errors import CapacityExceeded, PeerTimeout
 from ..groups import Group, leg_name
 from ..norm import add_rms_norm
@@ -61,10 +61,6 @@ def rail_all_to_all(blocks: torch.Tensor, rail: Group) -> torch.Tensor:
 
 
 # -- counts and row order ---------------------------------------------------------------------------
-def counts_tensor(sizes: Sizes, device) -> torch.Tensor:
-    return sizes.device.long() if sizes.on_device else torch.tensor(sizes.host, dtype=torch.int64, device=device)
-
-
 def member_capacity(sizes: Sizes, input_rows: int) -> int:
     """P: rows each member's block holds on the rail legs (the same on every rank)."""
     return max(sizes.host, default=0) if sizes.host is not None else input_rows
@@ -113,6 +109,28 @@ class HierarchicalBackend:
 
     def __init__(self, comm):
         self.comm, self.groups, self.timeout_s = comm, comm.groups, comm.timeout_s
+        self._indices: dict[tuple, torch.Tensor] = {}
+
+    def _index(self, build, sizes: Sizes, device, *shape: int) -> torch.Tensor:
+        """build(counts, *shape) on the device; for host sizes made once per (counts, shape) and
+        reused, so a call inside graph capture copies nothing from the host."""
+        if sizes.on_device:
+            return build(sizes.device.long(), *shape)
+        key = (build.__name__, sizes.host) + shape
+        if key not in self._indices:
+            self._indices[key] = build(torch.tensor(sizes.host, dtype=torch.int64, device=device), *shape)
+        return self._indices[key]
+
+    def _gather(self, x: torch.Tensor, sizes: Sizes, group: str) -> torch.Tensor:
+        """all_gather_v over a public group. Device sizes: a fixed-size gather of every member's
+        whole input, then the valid rows moved to the front (legs in a node may run on NCCL,
+        which cannot read counts on the device inside a graph)."""
+        if not sizes.on_device:
+            return self.comm.all_gather_v(x, list(sizes.host), group)
+        n = sizes.count
+        everything = self.comm.all_gather_v(x, [x.shape[0]] * n, group)
+        return everything.index_select(0, self._index(gathered_index, sizes, x.device, 1, n, x.shape[0],
+                                                      n * x.shape[0]))
 
     # -- legs -----------------------------------------------------------------------------------
     def _legs(self, group: Group) -> tuple[Group, Group]:
@@ -162,9 +180,8 @@ class HierarchicalBackend:
         """Rail first (each GPU's own rows cross the network once per other node), then the node."""
         node, rail = self._legs(group)
         cap = member_capacity(sizes, x.shape[0])
-        counts = counts_tensor(sizes, x.device)
         if sizes.on_device:
-            self._check_capacity("all_gather_v", counts, cap)
+            self._check_capacity("all_gather_v", sizes.device, cap)
         padded = x.new_zeros((cap,) + tuple(x.shape[1:]))
         padded[: x.shape[0]] = x[:cap]
         with self._leg("all_gather_v", group, rail):
@@ -172,17 +189,18 @@ class HierarchicalBackend:
         with self._leg("all_gather_v", group, node):
             everything = self.comm.all_gather_v(blocks, [blocks.shape[0]] * node.size, node.name)
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
-        return everything.index_select(0, gathered_index(counts, rail.size, node.size, cap, out_rows))
+        return everything.index_select(0, self._index(gathered_index, sizes, x.device, rail.size, node.size, cap,
+                                                      out_rows))
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         """Node first (sum each member's slice over the node), then the rail (each GPU receives
         its slice's node partials and sums them in node order)."""
         node, rail = self._legs(group)
         cap = member_capacity(sizes, x.shape[0])
-        counts = counts_tensor(sizes, x.device)
         if sizes.on_device:
-            self._check_capacity("reduce_scatter_v", counts.cumsum(0), x.shape[0])
-        blocks = x.index_select(0, scattered_index(counts, rail.size, node.size, cap, x.shape[0]))
+            self._check_capacity("reduce_scatter_v", sizes.device.long().cumsum(0), x.shape[0])
+        blocks = x.index_select(0, self._index(scattered_index, sizes, x.device, rail.size, node.size, cap,
+                                               x.shape[0]))
         with self._leg("reduce_scatter_v", group, node):
             partials = self.comm.reduce_scatter_v(blocks, [rail.size * cap] * node.size, node.name)
         with self._leg("reduce_scatter_v", group, rail):
@@ -197,14 +215,14 @@ class HierarchicalBackend:
         reduce = partial and tp.size > 1
         if fusion is None:
             reduced = comm.all_reduce(x, "attn_tp") if reduce else x
-            return comm.all_gather_v(reduced, as_argument(dp_sizes), "attn_dp")
+            return self._gather(reduced, dp_sizes, "attn_dp")
         if reduce:
             parts = comm.all_gather_v(x, [x.shape[0]] * tp.size, "attn_tp").view((tp.size,) + tuple(x.shape))
             reduced = sum_by_node(list(parts.unbind(0)), tp.nodes, x.dtype)
         else:
             reduced = x.float()
         normed, residual_out = add_rms_norm(reduced, fusion.residual, fusion.weight, fusion.eps)
-        return comm.all_gather_v(normed, as_argument(dp_sizes), "attn_dp"), residual_out
+        return self._gather(normed, dp_sizes, "attn_dp"), residual_out
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
         """reduce_scatter_v over the world (each attn-TP rank gets a chunk of its DP group's
@@ -215,5 +233,5 @@ class HierarchicalBackend:
         world_sizes = split_sizes(dp_sizes, tp.size)
         chunk = comm.reduce_scatter_v(y, world_sizes, "world")
         mine = world_sizes[dp.index * tp.size: (dp.index + 1) * tp.size]
-        out = comm.all_gather_v(chunk, mine, "attn_tp")
+        out = self._gather(chunk, parse_sizes(mine, tp.size, y.device, "dp_sizes"), "attn_tp")
         return out[: result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)]
