@@ -6,8 +6,9 @@ the second node that skips a call; the internal node and rail groups."""
 import pytest
 import torch
 
+from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, cases_for_layout
+from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
 from hybridcomm.spmd import SpmdPool
 from hybridcomm.topology import has_rails, split, sum_by_node, sum_in_order
 from test_ops import run_checked
@@ -119,3 +120,49 @@ def test_a_rank_of_the_second_node_that_skips_a_call_fails_every_other_rank_in_t
     # Ranks 1 (rail 1-3) and 2 (node 2-3) wait for rank 3 itself; rank 0's rail peer is rank 2.
     assert got[1]["peer"] == 3 and got[2]["peer"] == 3 and got[0]["peer"] == 2
     assert "did not arrive within 2 s" in got[0]["message"]
+
+
+# -- on GPUs: two simulated nodes of gpu_count() / 2 GPUs (the cross-node legs really run on NCCL) --
+def _gpu_world() -> tuple[int, int]:
+    world = 4 if gpu_count() >= 4 else 2
+    return world, world // 2
+
+
+def _gpu_exactness(ranks_per_node: int) -> str:
+    """One GPU per node: the legs in a node copy, the rails move raw bytes: bit for bit but the
+    fused norm. More per node: those legs run on NCCL for now (its own order): tolerance."""
+    return "sums" if ranks_per_node == 1 else "none"
+
+
+@pytest.mark.gpu
+@needs_gpus(2)
+@pytest.mark.timeout(900)
+def test_gpu_every_op_and_layout_across_two_simulated_nodes(pool):
+    world, rpn = _gpu_world()
+    cases = []
+    for i, lay in enumerate(layouts(world, rpn)):
+        cases += cases_for_layout(lay, dtypes=("bfloat16", "float32"), data="randn", row_shape=(256,),
+                                  device_sizes=(False, True), seed=i)
+        cases += _large_all_reduce_cases(lay)
+    per_rank = pool(world, "cuda").run(check_cases, cases, "auto", _gpu_exactness(rpn), timeout=800)
+    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
+    failures += cross_rank_mismatches(cases, per_rank)
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.gpu
+@needs_gpus(2)
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("op, group, fused", [("all_gather_v", "world", False), ("reduce_scatter_v", "world", False),
+                                              ("gather_tokens", "world", False), ("gather_tokens", "world", True),
+                                              ("scatter_tokens", "world", False)])
+def test_gpu_graph_replays_with_new_device_side_counts_across_nodes(pool, op, group, fused):
+    world, rpn = _gpu_world()
+    for lay in (Layout(world, ranks_per_node=rpn), Layout(world, attn_tp=2, ranks_per_node=rpn)):
+        count = lay.attn_dp if op.endswith("tokens") else world
+        template = Case(op, lay, (0,) * count, group, row_shape=(256,), dtype="bfloat16", data="randn",
+                        fused=fused, device_sizes=True)
+        per_rank = pool(world, "cuda").run(replay_check, template, 200, 6, "auto", 3, _gpu_exactness(rpn),
+                                           timeout=800)
+        for rank, result in enumerate(per_rank):
+            assert result["mismatches"] == 0, f"{op} {lay.name} rank {rank}: {result['failures']}"

@@ -294,7 +294,8 @@ def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = Fa
     return outcomes
 
 
-def replay_check(template: Case, replays: int, capacity: int, table: str = "auto", seed: int = 0) -> dict:
+def replay_check(template: Case, replays: int, capacity: int, table: str = "auto", seed: int = 0,
+                 exact: str = "sums") -> dict:
     """Worker entry: capture `template`'s op once in a CUDA graph with device-side sizes at
     `capacity` rows per member, then replay it with random sizes (zeros included) and fresh
     random data, comparing every replay with the oracle. Returns mismatch details and a digest
@@ -355,7 +356,7 @@ def replay_check(template: Case, replays: int, capacity: int, table: str = "auto
             got = (outs[0][: want[0].shape[0]], outs[1][: want[1].shape[0]])
         else:
             got = outs[0][: want.shape[0]]
-        detail = compare(got, want, "sums", template.fused)
+        detail = compare(got, want, exact, template.fused)
         if detail:
             failures.append(f"replay {it} sizes {sizes}: {detail}")
         digests.append(digest(got[0] if template.fused else got))

@@ -173,6 +173,27 @@ def cmd_bench_transitions(args) -> int:
     return 0
 
 
+def cmd_bench_nodes(args) -> int:
+    from .bench import report
+    from .bench.nodes import bench_nodes
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        print("bench nodes times GPU ranks across simulated nodes: it needs 2+ GPUs", file=sys.stderr)
+        return 2
+    world = args.world or torch.cuda.device_count()
+    rpn = args.ranks_per_node or world // 2
+    layouts = args.layouts.split(",") if args.layouts else [f"dp{world}"] + ([f"dp{world // 2}xtp2"] if world >= 4 else [])
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    reduce, moves = bench_nodes(world, rpn, layouts, tokens=tokens)
+    print(report.ops_markdown(reduce))
+    print(report.transitions_markdown(moves))
+    if args.out:
+        out = Path(args.out)
+        _write(reduce, str(out.with_name(out.stem + "_all_reduce.json")), "ops")
+        _write(moves, str(out.with_name(out.stem + "_transitions.json")), "transitions")
+    return 0
+
+
 def _token_lists(text: str, imbalanced: bool) -> list:
     tokens: list = [int(t) for t in text.split(",")]
     if imbalanced:
@@ -272,6 +293,14 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--world", type=int, default=4)
     tr.add_argument("--out", default=None)
     tr.set_defaults(fn=cmd_bench_transitions)
+
+    nodes = bench.add_parser("nodes", help="across simulated nodes: hierarchical vs flat NCCL (GPUs)")
+    nodes.add_argument("--world", type=int, default=None, help="default: every GPU")
+    nodes.add_argument("--ranks-per-node", type=int, default=None, help="default: world / 2")
+    nodes.add_argument("--layouts", default=None, help="default: dp<W> and dp<W/2>xtp2")
+    nodes.add_argument("--tokens", default=None, help="tokens per DP rank (default 1,4,16,64,256,1024)")
+    nodes.add_argument("--out", default=None, help="JSON path stem (_all_reduce / _transitions .json/.md/.png)")
+    nodes.set_defaults(fn=cmd_bench_nodes)
 
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", action="append", default=None,
