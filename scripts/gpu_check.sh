@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # On the 4-GPU machine, in one call: build, GPU tests, benchmarks; logs and results under $OUT.
-#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer
-# (default: all). NVLink multicast stays off (DEVICE.md): never remove these exports.
+#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer nodes
+# (default: all). nodes: every GPU as two simulated nodes (ranks_per_node = GPUs / 2).
+# NVLink multicast stays off (DEVICE.md): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-results/gpu-run}
 LOGS="$OUT/run"  # everything goes here; packed into $OUT/run.tgz at the end (one file travels back)
 mkdir -p "$LOGS"
-stages=${*:-info build test check ops transitions layer}
+stages=${*:-info build test check ops transitions layer nodes}
+GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+RPN=$((GPUS / 2))
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
   local name=$1; shift
@@ -30,6 +33,15 @@ for stage in $stages; do
     transitions) run transitions python3 -m hybridcomm bench transitions --out "$LOGS/transitions_4xH200.json" ;;
     layer) run layer python3 -m hybridcomm bench layer --layout dp2xtp2 --layout dp4 --layout tp4 \
              --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_4xH200.json" ;;
+    nodes)
+      run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+        tests/test_multinode.py
+      run nodes_check python3 -m hybridcomm check --world "$GPUS" --ranks-per-node "$RPN" --device cuda
+      run nodes_bench python3 -m hybridcomm bench nodes --world "$GPUS" --ranks-per-node "$RPN" \
+        --out "$LOGS/nodes_${GPUS}xH200.json"
+      # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
+      run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
+        --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done
