@@ -130,7 +130,7 @@ def _gpu_world() -> tuple[int, int]:
 
 def _gpu_exactness(ranks_per_node: int) -> str:
     """One GPU per node: the legs in a node copy, the rails move raw bytes: bit for bit but the
-    fused norm. More per node: those legs run on NCCL for now (its own order): tolerance."""
+    fused norm. More per node: a leg in a node may run on NCCL (its own order): tolerance."""
     return "sums" if ranks_per_node == 1 else "none"
 
 
@@ -166,3 +166,13 @@ def test_gpu_graph_replays_with_new_device_side_counts_across_nodes(pool, op, gr
                                            timeout=800)
         for rank, result in enumerate(per_rank):
             assert result["mismatches"] == 0, f"{op} {lay.name} rank {rank}: {result['failures']}"
+
+
+def test_nvlink_regions_cover_the_groups_inside_a_node_and_the_node_parts():
+    from hybridcomm.workspace import region_groups
+
+    keys, blocker = region_groups(Layout(16, attn_tp=2, ranks_per_node=8))
+    assert blocker is None
+    assert set(keys) == {"attn_tp", "world/node", "attn_dp/node", "moe_ep/node"}
+    assert keys["attn_dp/node"] == ((0, 2, 4, 6), (1, 3, 5, 7), (8, 10, 12, 14), (9, 11, 13, 15))
+    assert region_groups(Layout(4, ranks_per_node=1)) == ({}, "no group of 2+ ranks inside one node")

@@ -71,8 +71,8 @@ def check_world(world: int, quick: bool, ranks_per_node: int | None = None) -> l
 def _exactness(device: str, backend: str, ranks_per_node: int | None = None) -> str:
     if device == "cpu" or backend == "reference":
         return "all"
-    # Across nodes on GPUs the legs inside a node run on NCCL for now (the nvlink workspace is
-    # single-node), which sums in its own order; with one rank per node they only copy.
+    # Across nodes on GPUs a leg inside a node may run on NCCL (where the table or the workspace
+    # says so), which sums in its own order; with one rank per node those legs only copy.
     in_node_nccl = ranks_per_node is not None and ranks_per_node > 1
     return "none" if backend == "nccl" or in_node_nccl else "sums"
 

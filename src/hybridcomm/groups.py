@@ -48,6 +48,12 @@ def _member_sets(layout: Layout, name: str) -> dict[str, list[tuple[int, ...]]]:
     return sets
 
 
+def member_sets(layout: Layout) -> dict[str, list[tuple[int, ...]]]:
+    """Every group name (public, then its internal legs) -> all its member sets; the same
+    order on every rank."""
+    return {k: v for name in GROUP_NAMES for k, v in _member_sets(layout, name).items()}
+
+
 def _owner(sets: list[tuple[int, ...]], rank: int) -> tuple[int, ...]:
     return next(s for s in sets if rank in s)
 
@@ -61,7 +67,7 @@ def create_groups(layout: Layout, rank: int, timeout_s: float | None = None) -> 
     # Public and internal groups never share a process group: only internal ones carry the deadline.
     made: dict[tuple[bool, tuple[int, ...]], object] = {(False, world): dist.group.WORLD}
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-    sets = {k: v for name in GROUP_NAMES for k, v in _member_sets(layout, name).items()}
+    sets = member_sets(layout)
     for key, members in sets.items():
         internal = "/" in key
         for ranks in members:
