@@ -27,8 +27,8 @@ def test_every_cost_grows_with_bytes(op, nodes):
         assert costs == sorted(costs) and costs[-1] > costs[0]
     lay = Layout(nodes * 8, attn_tp=2, ranks_per_node=8)
     for op_t in ("gather_tokens", "scatter_tokens"):
-        for flat in (True, False):
-            costs = [costmodel.transition_us(op_t, lay, t, 8192, p, flat) for t in (1, 16, 256, 4096)]
+        for mode in costmodel.MODES:
+            costs = [costmodel.transition_us(op_t, lay, t, 8192, p, mode) for t in (1, 16, 256, 4096)]
             assert costs == sorted(costs) and costs[-1] > costs[0]
 
 

@@ -11,7 +11,15 @@ from hybridcomm import Layout
 from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
 from hybridcomm.spmd import SpmdPool
 from hybridcomm.topology import has_rails, split, sum_by_node, sum_in_order
-from test_ops import run_checked
+
+
+def run_checked(pool, world, cases, backend="auto", table="hierarchical", exact="all", device="cpu", timeout=300):
+    """Every case on every rank against the oracle (table "hierarchical": our path across nodes
+    at every size; "auto": the default table, where flat NCCL rules run the reference on CPU)."""
+    per_rank = pool(world, device).run(check_cases, cases, backend, exact, False, table, timeout=timeout)
+    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
+    failures += cross_rank_mismatches(cases, per_rank)
+    assert not failures, "\n".join(failures[:20])
 
 
 def layouts(world: int, ranks_per_node: int) -> list[Layout]:
@@ -19,14 +27,15 @@ def layouts(world: int, ranks_per_node: int) -> list[Layout]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("ranks_per_node", [1, 2])
-@pytest.mark.parametrize("backend", ["auto", "reference"])
-def test_world_4_every_layout_across_nodes(pool, ranks_per_node, backend):
+@pytest.mark.parametrize("ranks_per_node, backend, table", [
+    (1, "auto", "hierarchical"), (2, "auto", "hierarchical"), (2, "auto", "auto"),
+    (1, "reference", "auto"), (2, "reference", "auto")])
+def test_world_4_every_layout_across_nodes(pool, ranks_per_node, backend, table):
     cases = []
     for i, lay in enumerate(layouts(4, ranks_per_node)):
         cases += cases_for_layout(lay, dtypes=("bfloat16", "float32"), data="randn", device_sizes=(False, True),
                                   seed=i)
-    run_checked(pool, 4, cases, backend=backend)
+    run_checked(pool, 4, cases, backend, table)
 
 
 def _large_all_reduce_cases(layout: Layout) -> list[Case]:
@@ -38,7 +47,7 @@ def _large_all_reduce_cases(layout: Layout) -> list[Case]:
 
 @pytest.mark.timeout(300)
 def test_world_4_two_shot_all_reduce_across_nodes(pool):
-    run_checked(pool, 4, _large_all_reduce_cases(Layout(4, attn_tp=2, ranks_per_node=2)), backend="auto")
+    run_checked(pool, 4, _large_all_reduce_cases(Layout(4, attn_tp=2, ranks_per_node=2)))
 
 
 WORLD_8 = [Layout(8, attn_tp=2, moe_tp=1, ranks_per_node=4), Layout(8, attn_tp=4, moe_tp=2, ranks_per_node=2),
@@ -53,23 +62,32 @@ def test_world_8_across_2_and_4_nodes(pool):
         cases += cases_for_layout(lay, dtypes=(("bfloat16", "float32")[i % 2],), data="randn",
                                   device_sizes=(i % 2 == 0,), seed=i)
     cases += _large_all_reduce_cases(WORLD_8[1])[:1]
-    run_checked(pool, 8, cases, backend="auto")
+    run_checked(pool, 8, cases)
 
 
 def _selections(layout: Layout) -> dict:
+    from hybridcomm.arguments import parse_sizes
     from hybridcomm.check import communicator
 
     comm = communicator(layout)
     x = torch.zeros(4, 8)
-    return {name: comm._select("all_reduce", comm.groups[name], x.numel() * 4, x)[0].name
-            for name in ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")}
+    chosen = {name: comm._select("all_reduce", comm.groups[name], x.numel() * 4, x)[0].name
+              for name in ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")}
+    world = comm.groups["world"]
+    chosen["world 1 MiB"] = comm._select("all_reduce", world, 1 << 20, x)[0].name
+    for where, sizes in (("host", [1] * 4), ("device", torch.ones(4, dtype=torch.int32))):
+        s = parse_sizes(sizes, 4, comm.device, "sizes")
+        chosen[f"all_gather_v {where} sizes"] = comm._select("all_gather_v", world, 128, x, s)[0].name
+    return chosen
 
 
-def test_groups_across_nodes_take_the_hierarchical_path_and_groups_in_a_node_keep_theirs(pool):
+def test_the_table_across_nodes_picks_hierarchical_or_flat_and_groups_in_a_node_keep_theirs(pool):
     lay = Layout(4, attn_tp=2, moe_tp=2, ranks_per_node=2)
     chosen = pool(4).run(_selections, lay)[0]
+    # On CPU the flat NCCL rules run the reference (no NCCL there).
     assert chosen == {"world": "hierarchical", "attn_tp": "reference", "attn_dp": "hierarchical",
-                      "moe_tp": "reference", "moe_ep": "hierarchical"}
+                      "moe_tp": "reference", "moe_ep": "hierarchical", "world 1 MiB": "reference",
+                      "all_gather_v host sizes": "reference", "all_gather_v device sizes": "hierarchical"}
 
 
 def test_node_parts_and_rails():
@@ -144,10 +162,8 @@ def test_gpu_every_op_and_layout_across_two_simulated_nodes(pool):
         cases += cases_for_layout(lay, dtypes=("bfloat16", "float32"), data="randn", row_shape=(256,),
                                   device_sizes=(False, True), seed=i)
         cases += _large_all_reduce_cases(lay)
-    per_rank = pool(world, "cuda").run(check_cases, cases, "auto", _gpu_exactness(rpn), timeout=800)
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
-    assert not failures, "\n".join(failures[:20])
+    run_checked(pool, world, cases, exact=_gpu_exactness(rpn), device="cuda", timeout=800)
+    run_checked(pool, world, cases, table="auto", exact="none", device="cuda", timeout=800)
 
 
 @pytest.mark.gpu
@@ -162,7 +178,7 @@ def test_gpu_graph_replays_with_new_device_side_counts_across_nodes(pool, op, gr
         count = lay.attn_dp if op.endswith("tokens") else world
         template = Case(op, lay, (0,) * count, group, row_shape=(256,), dtype="bfloat16", data="randn",
                         fused=fused, device_sizes=True)
-        per_rank = pool(world, "cuda").run(replay_check, template, 200, 6, "auto", 3, _gpu_exactness(rpn),
+        per_rank = pool(world, "cuda").run(replay_check, template, 200, 6, "hierarchical", 3, _gpu_exactness(rpn),
                                            timeout=800)
         for rank, result in enumerate(per_rank):
             assert result["mismatches"] == 0, f"{op} {lay.name} rank {rank}: {result['failures']}"

@@ -73,13 +73,11 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 }
 
 
-# Groups across nodes. all_reduce: one-shot (all-reduce in the node, then every rank gathers
-# its rail's node sums: two legs, the whole message on the network from every GPU) while the
-# network bytes it adds cost less than the third leg of the two-shot (reduce-scatter in the
-# node, all-reduce on the rail, all-gather in the node: 1/L of the message per GPU on the
-# network). The cost model puts the crossover near 256 KB for 8 GPUs per node and 400 Gb/s.
-# Gathers and scatters run their rail leg with each GPU's own rows only, at every size.
-SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
+# Groups across nodes (backends/hierarchical.py). all_reduce one-shot: all-reduce in the node,
+# then every rank gathers its rail's node sums (two legs, the whole message on the network from
+# every GPU); two-shot: reduce-scatter in the node, all-reduce of 1/L on the rail, all-gather in
+# the node. Gathers and scatters run their rail leg with each GPU's own rows only.
+HIERARCHICAL_TABLE: dict[str, tuple[Rule, ...]] = {
     "all_reduce": (
         Rule(256 * KiB, "hierarchical", "one_shot"),
         Rule(None, "hierarchical", "two_shot"),
@@ -88,14 +86,65 @@ SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
        for op in ("all_gather_v", "reduce_scatter_v", "gather_tokens", "gather_tokens_norm", "scatter_tokens")},
 }
 
+# What runs across nodes by default: the cost model's choice for 2 and 4 x 8 H200 at 400 Gb/s
+# (README "Across nodes"; to be replaced by measurements on real nodes). Each hierarchical leg
+# over the network is a host-launched NCCL collective with NCCL's fixed cost, so our legs win
+# where they replace NCCL collectives by our kernels: all_reduce to ~128 KB, and the transitions,
+# composed of sub-ops that choose again by this table (attn_tp > 1: gather to 128 tokens per
+# DP group of DP8xTP2, 8 MB gathered; scatter to 1024, 64 MB). Flat NCCL keeps the rest: its
+# rings already send each GPU's share over its rail and pipeline the legs. Device-side sizes
+# always take the hierarchical path (NCCL cannot read them).
+SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
+    "all_reduce": (
+        Rule(128 * KiB, "hierarchical", "one_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "all_gather_v": (Rule(None, "nccl", "nccl"),),
+    "reduce_scatter_v": (Rule(None, "nccl", "nccl"),),
+    "gather_tokens": (Rule(8 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+    "gather_tokens_norm": (Rule(8 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+    "scatter_tokens": (Rule(64 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+}
+
 # Node count -> table; a group uses the entry with the largest node count <= its own.
 TABLES: dict[int, dict[str, tuple[Rule, ...]]] = {1: TABLE, 2: SPANNING_TABLE}
 
 
-def table_for_nodes(nodes: int, single_node: dict[str, tuple[Rule, ...]] = TABLE) -> dict[str, tuple[Rule, ...]]:
-    """The table for a group over `nodes` nodes (`single_node` replaces TABLES[1])."""
-    key = max(k for k in TABLES if k <= nodes)
-    return single_node if key == 1 else TABLES[key]
+def node_tables(table: dict | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
+    """A Communicator's `table` argument as node count -> table: a table keyed by op replaces
+    the single-node one; one keyed by node count is taken as it is."""
+    if table is None:
+        return dict(TABLES)
+    if all(isinstance(k, int) for k in table):
+        return dict(table)
+    return {**TABLES, 1: table}
+
+
+def table_for_nodes(nodes: int, tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> dict[str, tuple[Rule, ...]]:
+    return tables[max(k for k in tables if k <= nodes)]
+
+
+def choose_across_nodes(op: str, message_bytes: int, nodes: int, device_sizes: bool,
+                        tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> "Choice":
+    """The rule for a group over `nodes` nodes; NCCL rules give way to the hierarchical path
+    when the sizes live on the device."""
+    rule = _rule(table_for_nodes(nodes, tables)[op], message_bytes)
+    if rule.backend == "nccl" and device_sizes and op != "all_reduce":
+        choice = Choice("hierarchical", "rail_first", "device-side sizes: NCCL needs counts on the host")
+    else:
+        choice = Choice(rule.backend, rule.algorithm, f"table for {nodes} nodes")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %d bytes over %d nodes -> %s/%s (%s)", op, message_bytes, nodes, choice.backend,
+                  choice.algorithm, choice.reason)
+    return choice
+
+
+def _rule(rules: tuple[Rule, ...], message_bytes: int) -> Rule:
+    """The first rule whose max_bytes holds the message (the last one otherwise)."""
+    for rule in rules:
+        if rule.max_bytes is None or message_bytes <= rule.max_bytes:
+            break
+    return rule
 
 
 @dataclass(frozen=True)
@@ -108,9 +157,7 @@ class Choice:
 def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | None],
            table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
     """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can)."""
-    for rule in table[op]:
-        if rule.max_bytes is None or message_bytes <= rule.max_bytes:
-            break
+    rule = _rule(table[op], message_bytes)
     blocker = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
     if blocker is not None:
         choice = Choice("nccl", "nccl", blocker)
@@ -135,4 +182,5 @@ NAMED_TABLES = {
                         "all_gather_v": "one_shot", "reduce_scatter_v": "one_shot"}),
     "two_shot": forced({"all_reduce": "two_shot", "gather_tokens": "two_shot", "scatter_tokens": "two_shot"}),
     "bulk": forced({"all_reduce": "two_shot_bulk"}),
+    "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

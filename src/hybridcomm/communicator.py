@@ -46,7 +46,8 @@ class Communicator:
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
-    table: the selection table (default algorithms.TABLE); tests and tuning pass others.
+    table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
+        table keyed by node count (algorithms.TABLES) also sets the tables across nodes.
     """
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,
@@ -72,7 +73,8 @@ class Communicator:
         self.groups = create_groups(layout, self.rank, self.timeout_s)
         self.backends = {"reference": ReferenceBackend(self.groups), "hierarchical": HierarchicalBackend(self)}
         self.forced = None if backend == "auto" else backend
-        self.table = algorithms.TABLE if table is None else table
+        self.tables = algorithms.node_tables(table)
+        self.table = self.tables[1]
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -243,9 +245,11 @@ class Communicator:
         if self.forced in ("reference", "nccl"):
             return self.backends[self.forced], None
         nodes = len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
-        if nodes > 1:  # across nodes: hierarchical legs, on CPU and GPU alike
-            choice = algorithms.choose(op, nbytes, lambda _: None, algorithms.table_for_nodes(nodes))
-            return self.backends[choice.backend], choice.algorithm
+        if nodes > 1:  # across nodes: hierarchical legs or flat NCCL (the reference on CPU)
+            choice = algorithms.choose_across_nodes(op, nbytes, nodes, sizes is not None and sizes.on_device,
+                                                    self.tables)
+            backend = "reference" if choice.backend == "nccl" and self.device.type == "cpu" else choice.backend
+            return self.backends[backend], choice.algorithm
         if self.device.type == "cpu":
             return self.backends["reference"], None
         nvlink = self.backends.get("nvlink")

@@ -136,25 +136,38 @@ def group_shape(layout: Layout, name: str) -> tuple[int, int]:
     return len(ranks), len({layout.coords(r).node for r in ranks})
 
 
-def op_us(op: str, nbytes: float, layout: Layout, group: str, p: Params, flat: bool) -> float:
+MODES = ("flat", "hier", "best")  # flat NCCL | our hierarchical legs | the cheaper (the table's aim)
+
+
+def op_us(op: str, nbytes: float, layout: Layout, group: str, p: Params, mode: str) -> float:
     n, nodes = group_shape(layout, group)
-    return flat_nccl(op, nbytes, n, nodes, p) if flat else hierarchical(op, nbytes, n, nodes, p)[0]
+    flat = flat_nccl(op, nbytes, n, nodes, p)
+    hier = hierarchical(op, nbytes, n, nodes, p)[0]
+    return {"flat": flat, "hier": hier, "best": min(flat, hier)}[mode]
 
 
-def transition_us(op: str, layout: Layout, tokens: int, row_bytes: int, p: Params, flat: bool) -> float:
-    """gather_tokens / scatter_tokens with `tokens` rows per DP group, as the backends compose
-    them. flat: the engines' NCCL sequence (nccl backend); else ours (hierarchical backend)."""
+def transition_us(op: str, layout: Layout, tokens: int, row_bytes: int, p: Params, mode: str) -> float:
+    """gather_tokens / scatter_tokens with `tokens` rows per DP group. flat: the engines' NCCL
+    sequence (nccl backend); hier: the hierarchical backend's composition with hierarchical
+    sub-ops; best: the cheaper of flat and the composition with each sub-op at its best."""
     tp, dp = layout.attn_tp, layout.attn_dp
     group_rows, all_rows = tokens * row_bytes, dp * tokens * row_bytes
     if op == "gather_tokens":
-        if flat:  # reduce-scatter over attn-TP, all-gather over the world
-            return (op_us("reduce_scatter_v", group_rows, layout, "attn_tp", p, True)
-                    + op_us("all_gather_v", all_rows, layout, "world", p, True))
-        return (op_us("all_reduce", group_rows, layout, "attn_tp", p, False)
-                + op_us("all_gather_v", all_rows, layout, "attn_dp", p, False))
-    # scatter_tokens: reduce-scatter over the world, all-gather over attn-TP (both backends)
-    return (op_us("reduce_scatter_v", all_rows, layout, "world", p, flat)
-            + op_us("all_gather_v", group_rows, layout, "attn_tp", p, flat))
+        engines = (op_us("reduce_scatter_v", group_rows, layout, "attn_tp", p, "flat")
+                   + op_us("all_gather_v", all_rows, layout, "world", p, "flat"))
+        sub = "best" if mode == "best" else "hier"
+        ours = (op_us("all_reduce", group_rows, layout, "attn_tp", p, sub)
+                + op_us("all_gather_v", all_rows, layout, "attn_dp", p, sub))
+    else:
+        engines = (op_us("reduce_scatter_v", all_rows, layout, "world", p, "flat")
+                   + op_us("all_gather_v", group_rows, layout, "attn_tp", p, "flat"))
+        sub = "best" if mode == "best" else "hier"
+        if dp == 1 and tp > 1:  # one DP group: all_reduce over the world
+            ours = op_us("all_reduce", all_rows, layout, "world", p, sub)
+        else:
+            ours = (op_us("reduce_scatter_v", all_rows, layout, "world", p, sub)
+                    + op_us("all_gather_v", group_rows, layout, "attn_tp", p, sub))
+    return {"flat": engines, "hier": ours, "best": min(engines, ours)}[mode]
 
 
 def predict(nodes: int, gpus_per_node: int, layouts: list[str], tokens: list[int], sizes: list[int],
@@ -163,30 +176,28 @@ def predict(nodes: int, gpus_per_node: int, layouts: list[str], tokens: list[int
     rows = []
     world = Layout(nodes * gpus_per_node, ranks_per_node=gpus_per_node)
     for size in sizes:
-        flat = flat_nccl("all_reduce", size, world.world_size, nodes, p)
-        ours, alg = hierarchical("all_reduce", size, world.world_size, nodes, p)
-        rows.append(dict(op="all_reduce", layout=f"world {world.world_size}", amount=size, flat_us=flat,
-                         hier_us=ours, algorithm=alg))
+        costs = {m: op_us("all_reduce", size, world, "world", p, m) for m in MODES}
+        alg = hierarchical("all_reduce", size, world.world_size, nodes, p)[1]
+        rows.append(dict(op="all_reduce", layout=f"world {world.world_size}", amount=size, algorithm=alg, **costs))
     for text in layouts:
         layout = replace(Layout.parse(text), ranks_per_node=gpus_per_node)
         for op in ("gather_tokens", "scatter_tokens"):
             for t in tokens:
-                rows.append(dict(op=op, layout=layout.name, amount=t,
-                                 flat_us=transition_us(op, layout, t, row_bytes, p, True),
-                                 hier_us=transition_us(op, layout, t, row_bytes, p, False), algorithm=""))
+                costs = {m: transition_us(op, layout, t, row_bytes, p, m) for m in MODES}
+                rows.append(dict(op=op, layout=layout.name, amount=t, algorithm="", **costs))
     return rows
 
 
 def markdown(rows: list[dict], nodes: int, gpus_per_node: int, p: Params) -> str:
     lines = [f"### {nodes} x {gpus_per_node} GPUs: net {p.net_gbps:g} GB/s per GPU, {p.hop_us:g} µs per network "
              f"hop, legs in a node: {p.node_legs}", "",
-             "| op | layout | bytes / tokens per DP group | flat NCCL µs | hierarchical µs | speed-up |",
-             "|---|---|---|---|---|---|"]
+             "| op | layout | bytes / tokens per DP group | flat NCCL µs | hierarchical µs | best µs | "
+             "best / flat |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         amount = _size(r["amount"]) if r["op"] == "all_reduce" else str(r["amount"])
         alg = f" ({r['algorithm']})" if r["algorithm"] else ""
-        lines.append(f"| {r['op']} | {r['layout']} | {amount} | {r['flat_us']:.1f} | {r['hier_us']:.1f}{alg} | "
-                     f"{r['flat_us'] / r['hier_us']:.2f}x |")
+        lines.append(f"| {r['op']} | {r['layout']} | {amount} | {r['flat']:.1f} | {r['hier']:.1f}{alg} | "
+                     f"{r['best']:.1f} | {r['flat'] / r['best']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -226,10 +226,12 @@ class HierarchicalBackend:
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
         """reduce_scatter_v over the world (each attn-TP rank gets a chunk of its DP group's
-        rows), then all_gather_v of the chunks over attn-TP."""
+        rows), then all_gather_v of the chunks over attn-TP; with one DP group, all_reduce."""
         comm, tp, dp = self.comm, self.groups["attn_tp"], self.groups["attn_dp"]
         if tp.size == 1:
             return comm.reduce_scatter_v(y, as_argument(dp_sizes), "world")
+        if dp.size == 1:  # one DP group: every rank gets every row, summed over the world
+            return comm.all_reduce(y, "world")
         world_sizes = split_sizes(dp_sizes, tp.size)
         chunk = comm.reduce_scatter_v(y, world_sizes, "world")
         mine = world_sizes[dp.index * tp.size: (dp.index + 1) * tp.size]
