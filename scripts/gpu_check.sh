@@ -36,7 +36,8 @@ for stage in $stages; do
     nodes)
       run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
         tests/test_multinode.py
-      run nodes_check python3 -m hybridcomm check --world "$GPUS" --ranks-per-node "$RPN" --device cuda
+      run nodes_check python3 -m hybridcomm check --world "$GPUS" --ranks-per-node "$RPN" --device cuda \
+        --table hierarchical
       run nodes_bench python3 -m hybridcomm bench nodes --world "$GPUS" --ranks-per-node "$RPN" \
         --out "$LOGS/nodes_${GPUS}xH200.json"
       # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .algorithms import NAMED_TABLES
 from .layout import Layout
 
 
@@ -108,7 +109,8 @@ def cmd_check(args) -> int:
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
         world = dist.get_world_size()
         cases = check_world(world, args.quick, args.ranks_per_node)
-        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend, args.ranks_per_node))
+        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
+                               False, args.table)
         gathered = [None] * world
         dist.all_gather_object(gathered, outcomes)
         code = _report_check(cases, gathered) if dist.get_rank() == 0 else 0
@@ -122,7 +124,7 @@ def cmd_check(args) -> int:
               f"{args.world} on {device}, backend {args.backend} ...")
     with SpmdPool(args.world, device) as pool:
         per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
-                            timeout=1800)
+                            False, args.table, timeout=1800)
     return _report_check(cases, per_rank)
 
 
@@ -258,6 +260,8 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="integer data only")
     check.add_argument("--ranks-per-node", type=int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
+    check.add_argument("--table", choices=sorted(NAMED_TABLES), default="auto",
+                       help="selection table (hierarchical: our path across nodes at every size)")
     check.set_defaults(fn=cmd_check)
 
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")

@@ -148,10 +148,13 @@ def op_us(op: str, nbytes: float, layout: Layout, group: str, p: Params, mode: s
 
 def transition_us(op: str, layout: Layout, tokens: int, row_bytes: int, p: Params, mode: str) -> float:
     """gather_tokens / scatter_tokens with `tokens` rows per DP group. flat: the engines' NCCL
-    sequence (nccl backend); hier: the hierarchical backend's composition with hierarchical
-    sub-ops; best: the cheaper of flat and the composition with each sub-op at its best."""
+    sequence (nccl backend; one all-reduce for pure attention TP); hier: the hierarchical
+    backend's composition with hierarchical sub-ops; best: the cheaper of flat and the
+    composition with each sub-op at its best."""
     tp, dp = layout.attn_tp, layout.attn_dp
     group_rows, all_rows = tokens * row_bytes, dp * tokens * row_bytes
+    if dp == 1:  # pure attention TP: engines and we run one all_reduce over the world
+        return op_us("all_reduce", all_rows, layout, "world", p, mode)
     if op == "gather_tokens":
         engines = (op_us("reduce_scatter_v", group_rows, layout, "attn_tp", p, "flat")
                    + op_us("all_gather_v", all_rows, layout, "world", p, "flat"))
@@ -162,11 +165,8 @@ def transition_us(op: str, layout: Layout, tokens: int, row_bytes: int, p: Param
         engines = (op_us("reduce_scatter_v", all_rows, layout, "world", p, "flat")
                    + op_us("all_gather_v", group_rows, layout, "attn_tp", p, "flat"))
         sub = "best" if mode == "best" else "hier"
-        if dp == 1 and tp > 1:  # one DP group: all_reduce over the world
-            ours = op_us("all_reduce", all_rows, layout, "world", p, sub)
-        else:
-            ours = (op_us("reduce_scatter_v", all_rows, layout, "world", p, sub)
-                    + op_us("all_gather_v", group_rows, layout, "attn_tp", p, sub))
+        ours = (op_us("reduce_scatter_v", all_rows, layout, "world", p, sub)
+                + op_us("all_gather_v", group_rows, layout, "attn_tp", p, sub))
     return {"flat": engines, "hier": ours, "best": min(engines, ours)}[mode]
 
 
