@@ -134,7 +134,8 @@ def expected(case: Case, rank: int, device):
     if case.op == "scatter_tokens":
         start = sum(case.sizes[: c.attn_dp_rank])
         rows = slice(start, start + case.sizes[c.attn_dp_rank])
-        return group_sum(case, [inp(r)[rows] for r in range(lay.world_size)], range(lay.world_size)).to(case.torch_dtype)
+        everyone = range(lay.world_size)
+        return group_sum(case, [inp(r)[rows] for r in everyone], everyone).to(case.torch_dtype)
     gathered, residual_out = [], None
     for d in range(lay.attn_dp):
         tp_ranks = range(d * lay.attn_tp, (d + 1) * lay.attn_tp)

@@ -184,7 +184,8 @@ def cmd_bench_nodes(args) -> int:
         return 2
     world = args.world or torch.cuda.device_count()
     rpn = args.ranks_per_node or world // 2
-    layouts = args.layouts.split(",") if args.layouts else [f"dp{world}"] + ([f"dp{world // 2}xtp2"] if world >= 4 else [])
+    default = [f"dp{world}"] + ([f"dp{world // 2}xtp2"] if world >= 4 else [])
+    layouts = args.layouts.split(",") if args.layouts else default
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
     reduce, moves = bench_nodes(world, rpn, layouts, tokens=tokens)
     print(report.ops_markdown(reduce))

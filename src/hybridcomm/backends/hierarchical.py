@@ -90,11 +90,6 @@ def scattered_index(counts: torch.Tensor, nodes: int, per_node: int, cap: int, i
     return (starts[m][:, None] + w[None, :]).clamp(max=max(input_rows - 1, 0)).reshape(-1)
 
 
-def as_argument(sizes: Sizes) -> list[int] | torch.Tensor:
-    """Sizes in the form the Communicator's ops take them."""
-    return sizes.device if sizes.on_device else list(sizes.host)
-
-
 def split_sizes(sizes: Sizes, parts: int) -> list[int] | torch.Tensor:
     """Each count cut into `parts` (arguments.split_evenly), flattened; on the device if sizes are."""
     if sizes.host is not None:
@@ -121,14 +116,30 @@ class HierarchicalBackend:
             self._indices[key] = build(torch.tensor(sizes.host, dtype=torch.int64, device=device), *shape)
         return self._indices[key]
 
+    def _run(self, op: str, group: str, x: torch.Tensor, sizes=None) -> torch.Tensor:
+        """One op of a leg or sub-step on a (public or internal) group, through the Communicator's
+        selection but not its argument checks and agreement: those ran once for the whole call,
+        and the legs are consistent by construction. sizes: Sizes, a list, or a device tensor."""
+        g = self.groups[group]
+        if sizes is not None and not isinstance(sizes, Sizes):
+            sizes = parse_sizes(sizes, g.size, x.device, "sizes")
+        if op == "all_gather_v":
+            nbytes = self.comm._gathered_bytes(x, sizes, g.index)
+        else:
+            nbytes = x.numel() * x.element_size()
+        backend, algorithm = self.comm._select(op, g, nbytes, x, sizes)
+        if op == "all_reduce":
+            return backend.all_reduce(x, g, algorithm)
+        return getattr(backend, op)(x, sizes, g, algorithm)
+
     def _gather(self, x: torch.Tensor, sizes: Sizes, group: str) -> torch.Tensor:
         """all_gather_v over a public group. Device sizes: a fixed-size gather of every member's
         whole input, then the valid rows moved to the front (legs in a node may run on NCCL,
         which cannot read counts on the device inside a graph)."""
         if not sizes.on_device:
-            return self.comm.all_gather_v(x, list(sizes.host), group)
+            return self._run("all_gather_v", group, x, sizes)
         n = sizes.count
-        everything = self.comm.all_gather_v(x, [x.shape[0]] * n, group)
+        everything = self._run("all_gather_v", group, x, [x.shape[0]] * n)
         return everything.index_select(0, self._index(gathered_index, sizes, x.device, 1, n, x.shape[0],
                                                       n * x.shape[0]))
 
@@ -162,7 +173,7 @@ class HierarchicalBackend:
         node, rail = self._legs(group)
         if algorithm == "one_shot":  # node sums everywhere in the node, then every rank sums its rail's
             with self._leg("all_reduce", group, node):
-                partial = self.comm.all_reduce(x, node.name)
+                partial = self._run("all_reduce", node.name, x)
             with self._leg("all_reduce", group, rail):
                 return sum_in_order(rail_all_gather(partial, rail)).to(x.dtype)
         # two-shot: reduce-scatter in the node, all-reduce of 1/L on the rail, all-gather in the node
@@ -170,11 +181,11 @@ class HierarchicalBackend:
         rows = x.view(-1, width) if x.numel() % width == 0 else x.view(-1, 1)
         counts = split_evenly(rows.shape[0], node.size)
         with self._leg("all_reduce", group, node):
-            chunk = self.comm.reduce_scatter_v(rows, counts, node.name)
+            chunk = self._run("reduce_scatter_v", node.name, rows, counts)
         with self._leg("all_reduce", group, rail):
             summed = sum_in_order(rail_all_gather(chunk, rail)).to(x.dtype)
         with self._leg("all_reduce", group, node):
-            return self.comm.all_gather_v(summed, counts, node.name).view(x.shape)
+            return self._run("all_gather_v", node.name, summed, counts).view(x.shape)
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         """Rail first (each GPU's own rows cross the network once per other node), then the node."""
@@ -187,7 +198,7 @@ class HierarchicalBackend:
         with self._leg("all_gather_v", group, rail):
             blocks = torch.cat(rail_all_gather(padded, rail))
         with self._leg("all_gather_v", group, node):
-            everything = self.comm.all_gather_v(blocks, [blocks.shape[0]] * node.size, node.name)
+            everything = self._run("all_gather_v", node.name, blocks, [blocks.shape[0]] * node.size)
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
         return everything.index_select(0, self._index(gathered_index, sizes, x.device, rail.size, node.size, cap,
                                                       out_rows))
@@ -202,7 +213,7 @@ class HierarchicalBackend:
         blocks = x.index_select(0, self._index(scattered_index, sizes, x.device, rail.size, node.size, cap,
                                                x.shape[0]))
         with self._leg("reduce_scatter_v", group, node):
-            partials = self.comm.reduce_scatter_v(blocks, [rail.size * cap] * node.size, node.name)
+            partials = self._run("reduce_scatter_v", node.name, blocks, [rail.size * cap] * node.size)
         with self._leg("reduce_scatter_v", group, rail):
             received = rail_all_to_all(partials.view((rail.size, cap) + tuple(x.shape[1:])), rail)
         mine = sum_in_order(list(received.unbind(0))).to(x.dtype) if rail.size else received
@@ -211,13 +222,13 @@ class HierarchicalBackend:
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
         """Reduce over attn-TP, then all_gather_v over attn-DP (each hierarchical where its group
         spans nodes). The fused norm needs the fp32 sum: gather the partials, sum them here."""
-        comm, tp = self.comm, self.groups["attn_tp"]
+        tp = self.groups["attn_tp"]
         reduce = partial and tp.size > 1
         if fusion is None:
-            reduced = comm.all_reduce(x, "attn_tp") if reduce else x
+            reduced = self._run("all_reduce", "attn_tp", x) if reduce else x
             return self._gather(reduced, dp_sizes, "attn_dp")
         if reduce:
-            parts = comm.all_gather_v(x, [x.shape[0]] * tp.size, "attn_tp").view((tp.size,) + tuple(x.shape))
+            parts = self._run("all_gather_v", "attn_tp", x, [x.shape[0]] * tp.size).view((tp.size,) + tuple(x.shape))
             reduced = sum_by_node(list(parts.unbind(0)), tp.nodes, x.dtype)
         else:
             reduced = x.float()
@@ -227,13 +238,13 @@ class HierarchicalBackend:
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
         """reduce_scatter_v over the world (each attn-TP rank gets a chunk of its DP group's
         rows), then all_gather_v of the chunks over attn-TP; with one DP group, all_reduce."""
-        comm, tp, dp = self.comm, self.groups["attn_tp"], self.groups["attn_dp"]
+        tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
         if tp.size == 1:
-            return comm.reduce_scatter_v(y, as_argument(dp_sizes), "world")
+            return self._run("reduce_scatter_v", "world", y, dp_sizes)
         if dp.size == 1:  # one DP group: every rank gets every row, summed over the world
-            return comm.all_reduce(y, "world")
+            return self._run("all_reduce", "world", y)
         world_sizes = split_sizes(dp_sizes, tp.size)
-        chunk = comm.reduce_scatter_v(y, world_sizes, "world")
+        chunk = self._run("reduce_scatter_v", "world", y, world_sizes)
         mine = world_sizes[dp.index * tp.size: (dp.index + 1) * tp.size]
-        out = self._gather(chunk, parse_sizes(mine, tp.size, y.device, "dp_sizes"), "attn_tp")
+        out = self._gather(chunk, parse_sizes(mine, tp.size, y.device, "sizes"), "attn_tp")
         return out[: result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)]
