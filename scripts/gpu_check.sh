@@ -2,7 +2,7 @@
 # On the 4-GPU machine, in one call: build, GPU tests, benchmarks; logs and results under $OUT.
 #   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer nodes
 # (default: all). nodes: every GPU as two simulated nodes (ranks_per_node = GPUs / 2).
-# NVLink multicast stays off (DEVICE.md): never remove these exports.
+# NVLink multicast stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -27,7 +27,7 @@ for stage in $stages; do
   case $stage in
     info) run info python3 -m hybridcomm info --layout dp2xtp2 ;;
     build) run build python3 -m hybridcomm build ;;
-    test) run test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 tests/test_gpu.py ;;
+    test) run test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 tests/test_gpu.py tests/test_gpu_agreement.py ;;
     check) run check python3 -m hybridcomm check --world 4 --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world 4 --out "$LOGS/ops_4xH200.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --out "$LOGS/transitions_4xH200.json" ;;

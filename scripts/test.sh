@@ -3,6 +3,9 @@
 # GPU tests when 4 GPUs are present (skipped otherwise). Extra arguments go to pytest.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-if need pytest || need pytest_timeout; then "$PY" -m pip install -q pytest pytest-timeout; fi
+if need pytest || need pytest_timeout; then
+    say "first run: installing pytest and pytest-timeout with pip ..."
+    "$PY" -m pip install -q pytest pytest-timeout
+fi
 cd "$(dirname "$0")/.."
 exec "$PY" -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,4 +1,4 @@
-from hybridcomm import algorithms
+from hybridcomm import abi, algorithms, ops
 from hybridcomm.algorithms import KiB, MiB, Rule, choose
 
 
@@ -38,3 +38,28 @@ def test_forced_tables_run_one_algorithm_at_every_size():
     table = algorithms.forced({"all_reduce": "two_shot"})
     assert table["all_reduce"] == (Rule(None, "nvlink", "two_shot"),)
     assert table["all_gather_v"] == algorithms.TABLE["all_gather_v"]
+
+
+def test_every_kernel_rule_names_an_algorithm_of_the_registry():
+    for named in algorithms.NAMED_TABLES.values():
+        for table in algorithms.node_tables(named).values():  # per node count
+            for op, rules in table.items():
+                for rule in rules:
+                    if rule.backend == "nvlink":
+                        ops.OPS[op].algorithm(rule.algorithm)  # raises KeyError naming the op if not
+    assert set(algorithms.TABLE) == set(ops.OPS)
+
+
+def test_capacity_per_peer_follows_the_protocol():
+    ar = ops.OPS["all_reduce"]
+    one, two, bulk = (ar.algorithm(n) for n in ("one_shot", "two_shot", "two_shot_bulk"))
+    assert ar.per_peer_bytes(one, 1000 * 16, 4) == 1000 * 16
+    assert ar.per_peer_bytes(two, 1000 * 16, 4) == 4000  # 2000 lanes of 8 bytes over 4 members
+    assert ar.per_peer_bytes(bulk, 1001 * 16, 4) == 251 * 16  # 16-byte units, rounded up
+    assert (one.protocol.capacity(1 << 20), bulk.protocol.capacity(1 << 20)) == (1 << 19, 1 << 20)
+
+
+def test_transitions_name_the_op_they_are_when_attention_tp_is_1():
+    assert ops.OPS["gather_tokens"].reduces_to == {"attn_tp": "all_gather_v"}
+    assert ops.OPS["scatter_tokens"].reduces_to == {"attn_tp": "reduce_scatter_v"}
+    assert ops.op_name(abi.OpCode.GATHER_TOKENS) == "gather_tokens"

@@ -1,15 +1,18 @@
 """CI compiles every CUDA source with the machine's nvcc (no GPU needed), so a kernel that
-does not compile fails fast, and checks that Python's mirror of the launch arguments has
-the header's layout."""
+does not compile fails fast, and checks that abi.py, Python's mirror of csrc/abi.h, agrees
+with the header: every constant and enum value, and the launch struct's layout."""
 
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from hybridcomm import build, workspace
+from hybridcomm import abi, build
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+HEADER = build.CSRC / "abi.h"
 
 
 @pytest.mark.timeout(600)
@@ -19,22 +22,83 @@ def test_every_cuda_source_compiles_for_sm90a(tmp_path):
     assert all(o.stat().st_size > 0 for o in objects)
 
 
-@pytest.mark.timeout(300)
-def test_python_mirror_of_group_args_matches_the_header(tmp_path):
-    probe = tmp_path / "layout.cu"
-    probe.write_text(f'''
-#include <cstddef>
-#include <cstdio>
-#include "{build.CSRC / "protocol.cuh"}"
-int main() {{
-  printf("%zu %zu %zu %zu %zu %d %d\\n", sizeof(hc::GroupArgs), offsetof(hc::GroupArgs, regions),
-         offsetof(hc::GroupArgs, error_mirror), offsetof(hc::GroupArgs, timeout_ns),
-         offsetof(hc::GroupArgs, max_blocks), hc::kFlagBytes, hc::kMaxBlocks);
-}}
-''')
-    exe = tmp_path / "layout"
+def header_names() -> set[str]:
+    """Every named constant of abi.h: constexpr ints and enum members."""
+    text = re.sub(r"//[^\n]*", "", HEADER.read_text())
+    names = set(re.findall(r"constexpr\s+int\s+(k\w+)\s*=", text))
+    for body in re.findall(r"enum\b[^{;]*\{([^}]*)\}", text):
+        names |= set(re.findall(r"(k\w+)\s*=", body))
+    return names
+
+
+def run_probe(tmp_path, body: str) -> list[str]:
+    probe = tmp_path / "probe.cu"
+    probe.write_text(f'#include <cstddef>\n#include <cstdio>\n#include "{HEADER}"\nint main() {{\n{body}\n}}\n')
+    exe = tmp_path / "probe"
     subprocess.run([build.nvcc_path(), "-std=c++17", str(probe), "-o", str(exe)], check=True)
-    got = [int(v) for v in subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()]
-    g = build.GroupArgs
-    assert got == [build.ctypes.sizeof(g), g.regions.offset, g.error_mirror.offset, g.timeout_ns.offset,
-                   g.max_blocks.offset, workspace.FLAG_BYTES, workspace.MAX_BLOCKS]
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+
+
+def test_abi_py_names_every_constant_of_the_header():
+    names = header_names()
+    assert len(names) > 30  # the parse found the header's constants
+    assert names - set(abi.C_NAMES) == set(), "in abi.h, missing from abi.py C_NAMES"
+    assert set(abi.C_NAMES) - names == set(), "in abi.py C_NAMES, not in abi.h"
+
+
+@pytest.mark.timeout(300)
+def test_every_constant_and_enum_value_matches_the_header(tmp_path):
+    body = "\n".join(f'  printf("{n} %lld\\n", (long long)hc::{n});' for n in sorted(abi.C_NAMES))
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    assert {n: int(v) for n, v in got.items()} == {n: int(v) for n, v in abi.C_NAMES.items()}
+
+
+@pytest.mark.timeout(300)
+def test_group_args_layout_and_error_packing_match_the_header(tmp_path):
+    fields = [name for name, _ in abi.GroupArgs._fields_]
+    body = "\n".join([f'  printf("size %zu\\n", sizeof(hc::GroupArgs));']
+                     + [f'  printf("{f} %zu\\n", offsetof(hc::GroupArgs, {f}));' for f in fields]
+                     + ['  printf("packed %llu\\n", hc::pack_error(hc::kArgumentMismatch, hc::kScatterTokens, 3, 7,'
+                        ' hc::kFieldCounts));'])
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    expected = {"size": abi.ctypes.sizeof(abi.GroupArgs), **{f: getattr(abi.GroupArgs, f).offset for f in fields}}
+    assert {k: int(v) for k, v in got.items() if k != "packed"} == expected
+    assert abi.decode_error(int(got["packed"])) == abi.RecordedError(
+        abi.ErrorCode.ARGUMENT_MISMATCH, abi.OpCode.SCATTER_TOKENS, 3, 7, abi.CallField.COUNTS)
+
+
+@pytest.mark.timeout(300)
+def test_fingerprints_name_the_first_field_that_differs(tmp_path):
+    # One fingerprint, then one field changed at a time, most telling field first.
+    base = "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)"
+    changed = {abi.CallField.OP: "hc::make_fingerprint(hc::kScatterTokens, hc::kBFloat16, 1, 3, 0xbeef, 8192)",
+               abi.CallField.DTYPE: "hc::make_fingerprint(hc::kGatherTokens, hc::kFloat32, 1, 3, 0xbeef, 16384)",
+               abi.CallField.ALGORITHM: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 0, 3, 0xbeef, 8192)",
+               abi.CallField.VARIANT: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 11, 0xbeef, 8192)",
+               abi.CallField.COUNTS: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeee, 8192)",
+               abi.CallField.WIDTH: "hc::make_fingerprint(hc::kGatherTokens, hc::kBFloat16, 1, 3, 0xbeef, 4096)"}
+    body = "\n".join([f'  printf("same %d\\n", hc::first_difference({base}, {base}));']
+                     + [f'  printf("{f.name} %d\\n", hc::first_difference({base}, {c}));' for f, c in changed.items()])
+    got = dict(line.split() for line in run_probe(tmp_path, body) if line)
+    assert {k: int(v) for k, v in got.items()} == {"same": 0, **{f.name: int(f) for f in changed}}
+
+
+def test_launcher_signatures_in_abi_py_match_the_sources():
+    """Every extern "C" launcher of csrc/*.cu has the argument types abi.SIGNATURES gives ctypes
+    (a mismatch would pass garbage to a kernel, not fail)."""
+    c_types = {"int": abi.ctypes.c_int, "int64_t": abi.ctypes.c_int64, "float": abi.ctypes.c_float,
+               "GroupArgs*": abi.ctypes.POINTER(abi.GroupArgs), "cudaStream_t": abi.ctypes.c_void_p}
+    found = {}
+    for source in build.sources():
+        text = re.sub(r"//[^\n]*", "", source.read_text())
+        for name, params in re.findall(r'extern\s+"C"\s+int\s+(hc_\w+)\s*\(([^)]*)\)', text):
+            types = []
+            for param in params.split(","):
+                words = param.replace("*", " * ").split()[:-1]  # drop the parameter name
+                words = [w for w in words if w != "const"]
+                spelled = "".join(words) if words[0] == "GroupArgs" else " ".join(words)
+                types.append(c_types.get(spelled, abi.ctypes.c_void_p if "*" in words else None))
+            found[name] = types
+    assert set(found) == set(abi.SIGNATURES)
+    for name, types in found.items():
+        assert types == abi.SIGNATURES[name], name

@@ -71,23 +71,34 @@ def _selections(layout: Layout) -> dict:
 
     comm = communicator(layout)
     x = torch.zeros(4, 8)
-    chosen = {name: comm._select("all_reduce", comm.groups[name], x.numel() * 4, x)[0].name
+    chosen = {name: comm._select("all_reduce", comm.groups[name], x)[0].name
               for name in ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")}
     world = comm.groups["world"]
-    chosen["world 1 MiB"] = comm._select("all_reduce", world, 1 << 20, x)[0].name
+    chosen["world 1 MiB"] = comm._select("all_reduce", world, torch.zeros(1 << 18))[0].name
     for where, sizes in (("host", [1] * 4), ("device", torch.ones(4, dtype=torch.int32))):
         s = parse_sizes(sizes, 4, comm.device, "sizes")
-        chosen[f"all_gather_v {where} sizes"] = comm._select("all_gather_v", world, 128, x, s)[0].name
+        chosen[f"all_gather_v {where} sizes"] = comm._select("all_gather_v", world, x, s, world.index)[0].name
     return chosen
 
 
-def test_the_table_across_nodes_picks_hierarchical_or_flat_and_groups_in_a_node_keep_theirs(pool):
+def test_groups_across_nodes_take_the_hierarchical_legs_on_cpu_and_groups_in_a_node_keep_theirs(pool):
     lay = Layout(4, attn_tp=2, moe_tp=2, ranks_per_node=2)
     chosen = pool(4).run(_selections, lay)[0]
-    # On CPU the flat NCCL rules run the reference (no NCCL there).
+    # CPU has no NCCL: where the table prefers flat NCCL, CPU runs the legs too.
     assert chosen == {"world": "hierarchical", "attn_tp": "reference", "attn_dp": "hierarchical",
-                      "moe_tp": "reference", "moe_ep": "hierarchical", "world 1 MiB": "reference",
-                      "all_gather_v host sizes": "reference", "all_gather_v device sizes": "hierarchical"}
+                      "moe_tp": "reference", "moe_ep": "hierarchical", "world 1 MiB": "hierarchical",
+                      "all_gather_v host sizes": "hierarchical", "all_gather_v device sizes": "hierarchical"}
+
+
+def test_the_table_across_nodes_picks_hierarchical_or_flat_nccl():
+    from hybridcomm.algorithms import KiB, MiB, choose_across_nodes
+
+    assert choose_across_nodes("all_reduce", 2 * KiB, 2, False).backend == "hierarchical"
+    assert choose_across_nodes("all_reduce", 1 * MiB, 4, False).backend == "nccl"
+    assert choose_across_nodes("all_gather_v", 2 * KiB, 2, False).backend == "nccl"
+    assert choose_across_nodes("all_gather_v", 2 * KiB, 2, True).backend == "hierarchical"  # device sizes
+    assert choose_across_nodes("gather_tokens", 1 * MiB, 2, False).backend == "hierarchical"
+    assert choose_across_nodes("scatter_tokens", 128 * MiB, 2, False).backend == "nccl"
 
 
 def test_node_parts_and_rails():

@@ -7,9 +7,9 @@
 """
 
 from .communicator import Communicator
-from .errors import CapacityExceeded, HybridCommError, PeerTimeout
+from .errors import ArgumentMismatch, CapacityExceeded, CommunicatorClosed, HybridCommError, PeerTimeout
 from .layout import GROUP_NAMES, Layout, RankCoords
 
 __all__ = ["Communicator", "Layout", "RankCoords", "GROUP_NAMES", "PeerTimeout",
-           "CapacityExceeded", "HybridCommError"]
+           "CapacityExceeded", "HybridCommError", "ArgumentMismatch", "CommunicatorClosed"]
 __version__ = "0.1.0"

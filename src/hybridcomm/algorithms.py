@@ -1,10 +1,11 @@
 """Which backend and algorithm runs an op: a table, not a chain of predicates.
 
 For each op the table lists rules in increasing message size; the first rule whose
-`max_bytes` is at least the message size wins. "Message size" is the op's largest
-tensor: the input of all_reduce / reduce_scatter_v / scatter_tokens, the output of
-all_gather_v / gather_tokens. With device-side sizes the capacity is used, so a graph
-captured at the maximum size keeps the algorithm it was captured with.
+`max_bytes` is at least the message size wins. "Message size" is the tensor
+ops.OPS names as the op's message: the input of all_reduce / reduce_scatter_v /
+scatter_tokens, the output of all_gather_v / gather_tokens. With device-side sizes the
+capacity is used, so a graph captured at the maximum size keeps the algorithm it was
+captured with. Algorithm names are those of ops.OPS (the test checks every rule).
 
 The nvlink rules apply only where the group can run our kernels (CUDA, one node, peer
 access, rows a multiple of 16 bytes, per-peer data within the workspace); otherwise the
@@ -25,6 +26,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Callable
+
+from . import ops
 
 log = logging.getLogger("hybridcomm")
 
@@ -150,7 +153,7 @@ def _rule(rules: tuple[Rule, ...], message_bytes: int) -> Rule:
 @dataclass(frozen=True)
 class Choice:
     backend: str
-    algorithm: str
+    algorithm: str | None
     reason: str
 
 
@@ -171,16 +174,17 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
 
 
 def forced(algorithms: dict[str, str], table: dict[str, tuple[Rule, ...]] = TABLE) -> dict[str, tuple[Rule, ...]]:
-    """A table that runs op -> algorithm on our kernels at every size (tests and sweeps)."""
+    """A table that runs op -> algorithm on our kernels at every size (tests and benchmarks:
+    `Communicator(layout, table=forced({"all_reduce": "two_shot"}))`)."""
     return {op: (Rule(None, "nvlink", algorithms[op]),) if op in algorithms else rules
             for op, rules in table.items()}
 
 
+# Every algorithm of a kind forced on every op that has one (tests and `hybridcomm check`).
 NAMED_TABLES = {
     "auto": TABLE,
-    "one_shot": forced({"all_reduce": "one_shot", "gather_tokens": "one_shot", "scatter_tokens": "one_shot",
-                        "all_gather_v": "one_shot", "reduce_scatter_v": "one_shot"}),
-    "two_shot": forced({"all_reduce": "two_shot", "gather_tokens": "two_shot", "scatter_tokens": "two_shot"}),
-    "bulk": forced({"all_reduce": "two_shot_bulk"}),
+    "one_shot": forced(ops.algorithms_where(lambda a: a.name == "one_shot")),
+    "two_shot": forced(ops.algorithms_where(lambda a: a.name == "two_shot")),
+    "bulk": forced(ops.algorithms_where(lambda a: a.protocol is ops.BULK)),
     "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

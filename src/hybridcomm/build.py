@@ -1,6 +1,6 @@
 """Build csrc/*.cu with nvcc into a shared library, cached by source hash, nvcc and GPU arch.
 
-The library's API is extern "C" (raw pointers, sizes, cudaStream_t), so it does not depend
+The library's API is extern "C" (declared in abi.py, mirroring csrc/abi.h) (raw pointers, sizes, cudaStream_t), so it does not depend
 on PyTorch's C++ ABI: any nvcc that supports the arch builds it, and CI compiles it with no
 GPU present (`hybridcomm build --arch 90a`).
 """
@@ -16,6 +16,8 @@ import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from . import abi
 
 CSRC = Path(__file__).parent / "csrc"
 NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC"]
@@ -54,7 +56,7 @@ def _fingerprint(arch: str, nvcc: str) -> str:
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     for part in (arch, version, " ".join(NVCC_FLAGS)):
         h.update(part.encode())
-    for f in sorted(CSRC.glob("*.cu*")):
+    for f in sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -102,38 +104,7 @@ def build(arch: str | None = None, verbose: bool = False) -> Path:
     return target
 
 
-# -- the C API --------------------------------------------------------------------------------
-MAX_RANKS = 8
-
-
-class GroupArgs(ctypes.Structure):
-    """Mirror of hc::GroupArgs in csrc/protocol.cuh."""
-
-    _fields_ = [
-        ("nranks", ctypes.c_int),
-        ("me", ctypes.c_int),
-        ("world_ranks", ctypes.c_int * MAX_RANKS),
-        ("regions", ctypes.c_void_p * MAX_RANKS),
-        ("state", ctypes.c_void_p),
-        ("error_word", ctypes.c_void_p),
-        ("error_mirror", ctypes.c_void_p),
-        ("area_bytes", ctypes.c_uint64),
-        ("timeout_ns", ctypes.c_uint64),
-        ("group_id", ctypes.c_int),
-        ("max_blocks", ctypes.c_int),
-    ]
-
-
-_P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-_G = ctypes.POINTER(GroupArgs)
-SIGNATURES = {
-    "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _P],
-    "hc_all_gather_v": [_G, _P, _P, _P, _P, _I64, _I64, _I64, _P],
-    "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
-    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
-    "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
-}
-
+# -- the C API (its argument types live in abi.py) -------------------------------------------------
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
@@ -141,7 +112,7 @@ def load(arch: str | None = None) -> ctypes.CDLL:
     arch = arch or device_arch()
     if arch not in _loaded:
         lib = ctypes.CDLL(str(build(arch)))
-        for name, argtypes in SIGNATURES.items():
+        for name, argtypes in abi.SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
         _loaded[arch] = lib

@@ -22,7 +22,6 @@ import torch
 from .arguments import split_evenly
 from .layout import Layout
 from .norm import add_rms_norm
-from .topology import sum_by_node
 
 OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "scatter_tokens")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -111,9 +110,25 @@ def _with_spare(x: torch.Tensor, case: Case) -> torch.Tensor:
 
 
 # -- oracle ---------------------------------------------------------------------------------
+def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
+    """fp32 sum in list order, ((p0 + p1) + p2) + ...: the order every backend promises.
+    The oracle's own, so that a change to a backend's summation cannot hide from it."""
+    total = torch.zeros_like(parts[0], dtype=torch.float32)
+    total.copy_(parts[0])
+    for part in parts[1:]:
+        total = total + part.to(torch.float32)
+    return total
+
+
 def group_sum(case: Case, parts: list[torch.Tensor], members) -> torch.Tensor:
-    """fp32 sum of the members' parts in the defined order (per node first across nodes)."""
-    return sum_by_node(parts, tuple(case.layout.coords(m).node for m in members), case.torch_dtype)
+    """fp32 sum of the members' parts in the defined order: across nodes, each node's members
+    first (rounded to the dtype once per node), then the node partials in node order."""
+    nodes = [case.layout.coords(m).node for m in members]
+    if len(set(nodes)) == 1:
+        return sum_in_order(parts)
+    partials = [sum_in_order([p for p, n in zip(parts, nodes) if n == node]).to(case.torch_dtype)
+                for node in dict.fromkeys(nodes)]
+    return sum_in_order(partials)
 
 
 def expected(case: Case, rank: int, device):

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import torch
 
+from . import cli_args as ca
 from .algorithms import NAMED_TABLES
 from .layout import Layout
+from .ops import OPS
 
 
 def _default_device() -> str:
@@ -28,6 +30,7 @@ def _progress(msg: str) -> None:
 
 # -- info --------------------------------------------------------------------------------------
 def cmd_info(args) -> int:
+    from .ops import describe as describe_ops
     from .workspace import DEFAULT_AREA_BYTES, describe_plan
 
     from . import __version__
@@ -47,11 +50,14 @@ def cmd_info(args) -> int:
                 print(f"  {i:>3} " + " ".join(cells))
     else:
         print("CUDA: not available (CPU: reference backend over gloo)")
-    layout = Layout.parse(args.layout)
+    layout = args.layout
     print()
     print(layout.rank_table())
     print()
     print(describe_plan(layout, args.workspace_bytes or DEFAULT_AREA_BYTES))
+    print()
+    print("ops and their kernel algorithms (protocol):")
+    print(describe_ops())
     return 0
 
 
@@ -118,7 +124,8 @@ def cmd_check(args) -> int:
         return code
     from .spmd import SpmdPool
 
-    device = args.device or _default_device()
+    device = ca.check_device(args.device or _default_device(), args.world)
+    ca.check_backend(args.backend, device)
     cases = check_world(args.world, args.quick, args.ranks_per_node)
     _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
               f"{args.world} on {device}, backend {args.backend} ...")
@@ -146,17 +153,18 @@ def _write(results: dict, out: str | None, kind: str) -> None:
     if out:
         from .bench import report
 
-        for path in report.write(results, out, kind):
-            _progress(f"wrote {path}")
+        written, skipped = report.write(results, out, kind)
+        _progress("wrote " + ", ".join(str(p) for p in written))
+        for why in skipped:
+            _progress(f"no plot: {why}")
 
 
 def cmd_bench_ops(args) -> int:
     from .bench import report
     from .bench.ops import bench_ops
 
-    device = args.device or _default_device()
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
-    results = bench_ops(args.world, device, sizes)
+    device = ca.check_device(args.device or _default_device(), args.world)
+    results = bench_ops(args.world, device, args.sizes)
     print(report.ops_markdown(results))
     _write(results, args.out, "ops")
     return 0
@@ -167,9 +175,11 @@ def cmd_bench_transitions(args) -> int:
     from .bench.transitions import bench_transitions
 
     if not torch.cuda.is_available():
-        print("bench transitions times our CUDA kernels against NCCL: it needs GPUs", file=sys.stderr)
-        return 2
-    results = bench_transitions(args.layouts.split(","), args.world)
+        raise ca.UsageError("bench transitions times our CUDA kernels against NCCL: it needs GPUs")
+    if ca.same_world(args.layouts) != args.world:
+        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
+    ca.check_device("cuda", args.world)
+    results = bench_transitions([lay.name for lay in args.layouts], args.world)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
     return 0
@@ -197,32 +207,43 @@ def cmd_bench_nodes(args) -> int:
     return 0
 
 
-def _token_lists(text: str, imbalanced: bool) -> list:
-    tokens: list = [int(t) for t in text.split(",")]
+def _token_lists(counts: list[int], imbalanced: bool) -> list:
+    tokens: list = list(counts)
     if imbalanced:
         tokens += [[64] + [1] * (d - 1) for d in (2, 4, 8)]  # one DP rank busy, the rest nearly idle
     return tokens
 
 
 def cmd_bench_layer(args) -> int:
-    from .bench.layer import bench_layer, format_layer_table
+    from .bench.layer import _points, bench_layer, format_layer_table
+    from .model.config import ModelConfig, dtype_from_name
 
-    device = args.device or _default_device()
-    layouts = args.layout or ["dp2xtp2"]
+    layouts = args.layout or [Layout.parse("dp2xtp2")]
+    world = ca.same_world(layouts)
+    device = ca.check_device(args.device or _default_device(), world)
     cuda = device == "cuda"
-    backends = args.backends.split(",") if args.backends else (["nccl", "auto"] if cuda else ["reference"])
+    backends = args.backends or (["nccl", "auto"] if cuda else ["reference"])
+    for b in backends:
+        ca.check_backend(b, device, "--backends")
     config = args.config or ("bench" if cuda else "tiny")
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
-    tokens = _token_lists(args.tokens or ("1,4,16,64,256" if cuda else "4,16"), args.imbalanced)
-    world = Layout.parse(layouts[0]).world_size
-    results = bench_layer(layouts, tokens, world, device=device, backends=backends, steps=args.steps,
+    tokens = _token_lists(args.tokens or ([1, 4, 16, 64, 256] if cuda else [4, 16]), args.imbalanced)
+    names = [lay.name for lay in layouts]
+    try:  # the model must fit the layouts (heads, experts): a usage error, found before any process starts
+        _points(names, tokens, world, ModelConfig.named(config, dtype_from_name(dtype)))
+    except ValueError as e:
+        raise ca.UsageError(str(e)) from None
+    results = bench_layer(names, tokens, world, device=device, backends=backends, steps=args.steps,
                           dtype=dtype, config=config)
+    print(_timing_note(results["graphs"], device))
     print(format_layer_table(results))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1))
-        Path(args.out).with_suffix(".md").write_text("```\n" + format_layer_table(results) + "\n```\n")
-        _progress(f"wrote {args.out}")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        out.with_suffix(".md").write_text(f"{_timing_note(results['graphs'], device)}\n\n```\n"
+                                          f"{format_layer_table(results)}\n```\n")
+        _progress(f"wrote {out}, {out.with_suffix('.md')} (the layer benchmark draws no plot)")
     return 0
 
 
@@ -245,19 +266,32 @@ def cmd_model(args) -> int:
     return 0
 
 
+def _timing_note(graphs: bool, device: str) -> str:
+    if graphs:
+        return "µs per decode step: CUDA graph replay, median of repeats, max over ranks"
+    return (f"µs per decode step: eager wall clock on {device} (no CUDA graphs); "
+            + ("a development path, not a speed claim" if device == "cpu" else "includes launch overhead"))
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hybridcomm", description=__doc__.splitlines()[0])
+    p = ca.OneLineParser(prog="hybridcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    layout_help = ("layout: shorthand dp4, dp2xtp2, tp4 (+ ',moe_tp2'), or any world as "
+                   "world=6,attn_tp=3,moe_tp=2")
+    device_help = "cpu (gloo processes, reference backend) or cuda (one GPU per rank); default: cuda with 2+ GPUs"
 
     info = sub.add_parser("info", help="versions, GPUs, peer access, a layout's ranks, workspace memory")
-    info.add_argument("--layout", default="dp2xtp2")
-    info.add_argument("--workspace-bytes", type=int, default=None)
+    info.add_argument("--layout", type=ca.layout, default="dp2xtp2", help=layout_help + " (default dp2xtp2)")
+    info.add_argument("--workspace-bytes", type=ca.workspace_bytes, default=None,
+                      help="nvlink workspace per peer, phase and slot: bytes, or with a K/M suffix; a multiple "
+                           "of 16 (default 4M)")
     info.set_defaults(fn=cmd_info)
 
     check = sub.add_parser("check", help="every op over every layout of a world against the oracle")
-    check.add_argument("--world", type=int, default=4)
-    check.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    check.add_argument("--backend", choices=["auto", "reference", "nccl", "nvlink"], default="auto")
+    check.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    check.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
+                       help="force a backend (nccl and nvlink need --device cuda); default auto")
     check.add_argument("--quick", action="store_true", help="integer data only")
     check.add_argument("--ranks-per-node", type=int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
@@ -286,17 +320,22 @@ def parser() -> argparse.ArgumentParser:
     model.set_defaults(fn=cmd_model)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    ops = bench.add_parser("ops", help="all_reduce / all_gather_v / reduce_scatter_v sweep vs baselines")
-    ops.add_argument("--world", type=int, default=4)
-    ops.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    ops.add_argument("--sizes", default=None, help="comma-separated bytes")
-    ops.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
+    ops.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    ops.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    ops.add_argument("--sizes", type=ca.byte_list, default=None,
+                     help="message sizes, comma-separated: bytes or with a K/M/G suffix, e.g. 2K,1M "
+                          "(default 2K..64M)")
+    ops.add_argument("--out", default=None, help="JSON path (.md and, on GPUs, .png written beside it)")
     ops.set_defaults(fn=cmd_bench_ops)
 
-    tr = bench.add_parser("transitions", help="gather_tokens / scatter_tokens vs the two-kernel sequences")
-    tr.add_argument("--layouts", default="dp2xtp2,dp4,tp4")
-    tr.add_argument("--world", type=int, default=4)
-    tr.add_argument("--out", default=None)
+    tr = bench.add_parser("transitions", help="gather_tokens / scatter_tokens vs the two-kernel sequences (GPUs)")
+    tr.add_argument("--layouts", type=ca.layout_list, default="dp2xtp2,dp4,tp4",
+                    help="comma-separated layouts of --world ranks (default dp2xtp2,dp4,tp4); separate "
+                         "key=value layouts with ';'")
+    tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
 
     nodes = bench.add_parser("nodes", help="across simulated nodes: hierarchical vs flat NCCL (GPUs)")
@@ -308,23 +347,31 @@ def parser() -> argparse.ArgumentParser:
     nodes.set_defaults(fn=cmd_bench_nodes)
 
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
-    layer.add_argument("--layout", action="append", default=None,
-                       help="layout (repeat for several), e.g. dp2xtp2, dp4, tp4, dp2xtp2,moe_tp2")
-    layer.add_argument("--tokens", default=None, help="tokens per DP rank, comma-separated")
+    layer.add_argument("--layout", type=ca.layout, action="append", default=None,
+                       help=layout_help + "; repeat for several of the same world (default dp2xtp2)")
+    layer.add_argument("--tokens", type=ca.count_list, default=None,
+                       help="tokens per DP rank, comma-separated (default 1,4,16,64,256 on GPUs, 4,16 on CPU)")
     layer.add_argument("--imbalanced", action="store_true", help="also one DP rank with 64 tokens, others 1")
-    layer.add_argument("--backends", default=None, help="default: nccl,auto on GPUs, reference on CPU")
-    layer.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    layer.add_argument("--config", choices=["tiny", "bench"], default=None)
-    layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
-    layer.add_argument("--steps", type=int, default=20)
-    layer.add_argument("--out", default=None)
+    layer.add_argument("--backends", type=ca.backend_list, default=None,
+                       help="comma-separated, the first is the speed-up baseline: auto (hybridcomm), nccl, "
+                            "nvlink, reference (default: nccl,auto on GPUs, reference on CPU)")
+    layer.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    layer.add_argument("--config", choices=["tiny", "bench"], default=None,
+                       help="model size (default: bench on GPUs, tiny on CPU)")
+    layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="default: bfloat16 on GPUs, float32 on CPU")
+    layer.add_argument("--steps", type=ca.positive_int, default=20, help="timed decode steps per point (default 20)")
+    layer.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     layer.set_defaults(fn=cmd_bench_layer)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ca.UsageError as e:
+        return ca.report(" ".join(filter(None, [args.command, getattr(args, "bench", None)])), e)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The Communicator: validates a call, picks a backend and algorithm, runs it.
 
-API and semantics are a contract (DESIGN.md section 3); see README.md for examples.
+API and semantics are a contract (README.md, API section); structure: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -11,12 +11,15 @@ import torch
 import torch.distributed as dist
 
 from . import algorithms
+from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
+from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
+from .ops import OPS
 
 BACKENDS = ("auto", "reference", "nccl", "nvlink")
 
@@ -40,8 +43,11 @@ class Communicator:
     Construct on every rank after `torch.distributed.init_process_group`, in the same
     order as other collective setup (it creates process groups, which is collective).
 
-    validate: cross-check sizes (and argument errors) across ranks on every call, so a
-        mismatch raises on every rank instead of hanging. Costs one small collective.
+    validate: before every op, agree across the world on everything that must match (op,
+        group, dtype, trailing shape, rows, sizes, partial, fusion and eps) and on every
+        rank's local checks, so a mismatch raises the same exception on every rank instead of
+        hanging or returning garbage. Costs one all-gather of a small int64 row per op; every
+        rank must make every call. README "What is checked" says what is checked without it.
     timeout_s: deadline of every wait inside our kernels (PeerTimeout on expiry).
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
@@ -71,10 +77,13 @@ class Communicator:
         self.validate = bool(validate)
         self.timeout_s = float(timeout_s)
         self.groups = create_groups(layout, self.rank, self.timeout_s)
-        self.backends = {"reference": ReferenceBackend(self.groups), "hierarchical": HierarchicalBackend(self)}
+        self.closed = False
+        self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate),
+                         "hierarchical": HierarchicalBackend(self)}
         self.forced = None if backend == "auto" else backend
         self.tables = algorithms.node_tables(table)
         self.table = self.tables[1]
+        self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -87,40 +96,38 @@ class Communicator:
     # -- ops ------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor, group: str = "world") -> torch.Tensor:
         """Sum over `group`; returns a new tensor."""
-        g = self._group(group)
-        self._check("all_reduce", g, lambda: check_tensor(x, "x", self.device))
-        nbytes = x.numel() * x.element_size()
-        backend, algorithm = self._select("all_reduce", g, nbytes, x)
+        g, _ = self._check("all_reduce", group, lambda g: check_tensor(x, "x", self.device),
+                           lambda g, _: describe_call("all_reduce", g.name, x))
+        backend, algorithm = self._select("all_reduce", g, x)
         return backend.all_reduce(x, g, algorithm)
 
     def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
         """x holds sizes[i_me] rows; returns sum(sizes) rows in group order."""
-        g = self._group(group)
 
-        def check():
+        def check(g):
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
                 check_rows(x, "x", s.host[g.index], f"sizes[{g.index}] of this rank")
             return s
 
-        s = self._check("all_gather_v", g, check)
-        backend, algorithm = self._select("all_gather_v", g, self._gathered_bytes(x, s, g.index), x, s)
+        g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
+        backend, algorithm = self._select("all_gather_v", g, x, s, g.index)
         return backend.all_gather_v(x, s, g, algorithm)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
         """x holds sum(sizes) rows (partial); returns this rank's sizes[i_me] rows, summed."""
-        g = self._group(group)
 
-        def check():
+        def check(g):
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
                 check_rows(x, "x", sum(s.host), "sum(sizes)")
             return s
 
-        s = self._check("reduce_scatter_v", g, check)
-        backend, algorithm = self._select("reduce_scatter_v", g, x.numel() * x.element_size(), x, s)
+        g, s = self._check("reduce_scatter_v", group, check,
+                           lambda g, s: describe_call("reduce_scatter_v", g.name, x, s))
+        backend, algorithm = self._select("reduce_scatter_v", g, x, s, g.index)
         return backend.reduce_scatter_v(x, s, g, algorithm)
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes, partial: bool = True, *,
@@ -136,7 +143,7 @@ class Communicator:
         world, dp = self.groups["world"], self.groups["attn_dp"]
         fusion = None
 
-        def check():
+        def check(_):
             nonlocal fusion
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
@@ -148,31 +155,56 @@ class Communicator:
                 fusion = self._check_fusion(x, residual, norm_weight, eps)
             return s
 
-        s = self._check("gather_tokens", world, check)
+        _, s = self._check("gather_tokens", "world", check,
+                           lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
-        backend, algorithm = self._select(op, world,
-                                          self._gathered_bytes(x, s, dp.index), x, s)
+        backend, algorithm = self._select(op, world, x, s, dp.index)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
         """MoE output (partial over the world, all rows) -> this DP group's rows, reduced,
         identical on its attn-TP ranks."""
-        world = self.groups["world"]
-
-        def check():
+        def check(_):
             check_tensor(y, "y", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
                 check_rows(y, "y", sum(s.host), "sum(dp_sizes)")
             return s
 
-        s = self._check("scatter_tokens", world, check)
-        backend, algorithm = self._select("scatter_tokens", world, y.numel() * y.element_size(), y, s)
+        world, s = self._check("scatter_tokens", "world", check,
+                               lambda g, s: describe_call("scatter_tokens", g.name, y, s))
+        backend, algorithm = self._select("scatter_tokens", world, y, s, self.groups["attn_dp"].index)
         return backend.scatter_tokens(y, s, algorithm)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release this rank's nvlink workspace now (symmetric memory, pinned error mirror,
+        kernel handles) instead of when the object is garbage collected; waits for this
+        rank's queued work first. Idempotent and local (no communication): call it on every
+        rank after its last op. Every later op raises hc.CommunicatorClosed (on the CPU path
+        after telling its peers, which raise too)."""
+        if self.closed:
+            return
+        nvlink = self.backends.get("nvlink")
+        if nvlink is not None:
+            torch.cuda.synchronize(self.device)  # our kernels still use the buffers
+            nvlink.close()
+        # The reference backend holds no memory; it stays so that a closed rank can still
+        # tell its peers (header exchange) that it will not take part.
+        self.backends = {"reference": self.backends["reference"]}
+        self.closed = True
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def check_errors(self) -> None:
         """Wait for this rank's queued kernels, then raise PeerTimeout (or another error)
         if one of them recorded a failure."""
+        if self.closed:
+            return
         nvlink = self.backends.get("nvlink")
         if nvlink is not None:
             torch.cuda.synchronize(self.device)
@@ -185,8 +217,11 @@ class Communicator:
         return self.groups[name]
 
     @staticmethod
-    def _gathered_bytes(x: torch.Tensor, sizes: Sizes, index: int) -> int:
-        """Size of a gather's result (its capacity when sizes live on the device)."""
+    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int) -> int:
+        """The bytes the selection table compares: the op's input, or its result (its
+        capacity when sizes live on the device), as ops.OPS says."""
+        if OPS[op].message == "input":
+            return x.numel() * x.element_size()
         row_bytes = math.prod(x.shape[1:]) * x.element_size()
         return result_rows(sizes, index, x.shape[0], gathered=True) * row_bytes
 
@@ -205,62 +240,86 @@ class Communicator:
             raise ValueError(f"eps: expected a non-negative number, got {eps!r}")
         return ResidualNorm(residual, weight, eps)
 
-    def _check(self, op: str, group: Group, check):
-        """Run the local checks; with validate=True, agree across `group` first."""
+    def _check(self, op: str, group: str, check, signature):
+        """Resolve the group and run the local checks -> (group, check's result).
+
+        validate=True: then agree across the world (`signature(group, result)` is this
+        rank's row). Otherwise, where the op runs on the reference backend, a rank whose
+        checks failed still takes part in the op's header exchanges, so its peers raise
+        instead of waiting for it."""
         self._raise_recorded_error()
+        g = result = error = None
         try:
-            result, error = check(), None
-        except (TypeError, ValueError) as e:
-            result, error = None, e
-        if self.validate and group.size > 1 and not self._capturing():
-            self._agree(op, group, result, error)
+            g = self._group(group)
+            if self.closed:
+                raise CommunicatorClosed(f"{op}: this Communicator (rank {self.rank}, {self.layout.name}) was "
+                                         f"closed; create a new one")
+            result = check(g)
+        except (TypeError, ValueError, CommunicatorClosed) as e:
+            error = e
+        if self.validate and self.layout.world_size > 1 and not self._capturing():
+            self._agree(op, None if error else signature(g, result), error)
+        elif error is not None and g is not None and self._on_reference() and self._nodes(g) == 1:
+            # (Across nodes the legs carry no rejection: peers raise PeerTimeout after timeout_s.)
+            self.backends["reference"].reject(op, g, error)
         if error is not None:
             raise error
-        return result
+        return g, result
 
-    def _agree(self, op: str, group: Group, sizes: Sizes | None, error: Exception | None) -> None:
-        count = sizes.count if isinstance(sizes, Sizes) else 0
-        mine = list(sizes.values()) if isinstance(sizes, Sizes) else []
-        width = 2 + max(group.size, self.layout.attn_dp)
-        row = torch.full((width,), -1, dtype=torch.int64, device=self.device)
-        row[0] = 1 if error is not None else 0
-        row[1] = count
-        if mine:
-            row[2:2 + len(mine)] = torch.tensor(mine, dtype=torch.int64)
-        rows = [torch.empty_like(row) for _ in range(group.size)]
-        dist.all_gather(rows, row, group=group.pg)
+    def _agree(self, op: str, sig, error: Exception | None) -> None:
+        """One all-gather of a fixed-width int64 row over the world; every rank then raises
+        the same exception if any rank failed its checks or two members of a group differ.
+        Over the world (not the op's group) so that a rank naming another group is caught:
+        with validate=True every rank must make every call."""
+        world = self.groups["world"]
+        if error is not None:
+            row = encode(rejected(op), world.size, status_of(error), self.rank)
+        else:
+            row = encode(sig, world.size)
+        rows = [decode(r, world.size) for r in exchange(row, world.pg, world.size, self.device)]
+        members = {r: self._members_of(r, s.group) for r, (_, _, s) in zip(world.ranks, rows)}
+        found = verdict(rows, list(world.ranks), members)
         if error is not None:
             raise error
-        for member, other in zip(group.ranks, rows):
-            if other[0].item():
-                raise ValueError(f"{op}: rank {member} rejected its arguments (its own error "
-                                 f"says why); no data was exchanged")
-        for member, other in zip(group.ranks, rows):
-            theirs = other[2:2 + int(other[1].item())].tolist()
-            if theirs != mine:
-                raise ValueError(f"{op}: sizes differ across ranks: rank {self.rank} passed {mine}, "
-                                 f"rank {member} passed {theirs}")
+        if found is not None:
+            raise found[2]
 
-    def _select(self, op: str, group: Group, nbytes: int, x: torch.Tensor, sizes: Sizes | None = None):
+    def _members_of(self, rank: int, group_code: int) -> tuple[int, ...]:
+        name = GROUP_NAMES[group_code] if 0 <= group_code < len(GROUP_NAMES) else "world"
+        return self.layout.group_ranks(name, rank)
+
+    def _on_reference(self) -> bool:
+        return self.forced == "reference" or self.device.type == "cpu"
+
+    def _nodes(self, group: Group) -> int:
+        """Nodes a group spans where it has rails (hierarchical legs), else 1."""
+        return len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
+
+    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0):
         if self.forced in ("reference", "nccl"):
+            self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
             return self.backends[self.forced], None
-        nodes = len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
-        if nodes > 1:  # across nodes: hierarchical legs or flat NCCL (the reference on CPU)
-            choice = algorithms.choose_across_nodes(op, nbytes, nodes, sizes is not None and sizes.on_device,
-                                                    self.tables)
-            backend = "reference" if choice.backend == "nccl" and self.device.type == "cpu" else choice.backend
-            return self.backends[backend], choice.algorithm
+        nodes = self._nodes(group)
+        if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
+            choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
+                                                    sizes is not None and sizes.on_device, self.tables)
+            if self.device.type == "cpu" and choice.backend == "nccl":
+                choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
+                                           "CPU: no NCCL")
+            self.last_choice = choice
+            return self.backends[choice.backend], choice.algorithm
         if self.device.type == "cpu":
+            self.last_choice = algorithms.Choice("reference", None, "CPU")
             return self.backends["reference"], None
         nvlink = self.backends.get("nvlink")
-        kernel_op = "gather_tokens" if op == "gather_tokens_norm" else op
 
         def blocker(algorithm: str) -> str | None:
             if nvlink is None:
                 return "nvlink backend not loaded"
-            return nvlink.blocker(kernel_op, algorithm, group, x, sizes)
+            return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, nbytes, blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index), blocker, self.table)
+        self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 
     def _raise_recorded_error(self) -> None:
@@ -273,4 +332,4 @@ class Communicator:
 
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, layout={self.layout.name}, device={self.device}, "
-                f"backends={sorted(self.backends)})")
+                f"backends={sorted(self.backends)}{', closed' if self.closed else ''})")

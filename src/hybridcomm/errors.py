@@ -21,5 +21,37 @@ class PeerTimeout(HybridCommError):
         )
 
 
+class CommunicatorClosed(HybridCommError):
+    """An op on a Communicator after its close()."""
+
+
 class CapacityExceeded(HybridCommError):
     """Sizes read on the device asked for more rows than the buffers passed can hold."""
+
+
+class ArgumentMismatch(HybridCommError, ValueError):
+    """Arguments that must agree across the ranks of a call do not (or a peer rejected its own).
+
+    Found on the host (validate=True, or the reference backend's header exchange): raised on
+    every rank of the call, naming the argument and the ranks that differ. Found on the device
+    (`on_device`): a peer's call differed from this rank's -- another op (a skipped or
+    reordered call), dtype, algorithm, attn_tp / partial, row counts or row width -- at no cost
+    to calls that agree, by every rank that received the call; raised by the next host call (or
+    `Communicator.check_errors()`, which synchronises, so every rank raises at the same point).
+    That call's output is not valid (every access stayed within its buffers); calls queued
+    after it before the error was raised ran normally. The communicator stays usable when the
+    ranks raise at the same call, which `check_errors()` guarantees; raised by an ordinary call,
+    the host check races with the kernel, and a peer that went on into that call waits for this
+    rank until it raises PeerTimeout.
+    """
+
+    op = group = peer = field = None
+
+    @classmethod
+    def on_device(cls, op: str, group: str, peer: int, field: str) -> "ArgumentMismatch":
+        e = cls(f"{op} on group {group!r}: rank {peer}'s call differs from this rank's in its {field}; "
+                f"every rank of a group must make the same calls in the same order with the same dtype, "
+                f"row width and sizes. That call's output is not valid; the communicator stays usable "
+                f"when every rank raised at the same call (check_errors() makes sure).")
+        e.op, e.group, e.peer, e.field = op, group, peer, field
+        return e

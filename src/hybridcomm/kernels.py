@@ -13,12 +13,7 @@ import math
 
 import torch
 
-from .build import MAX_RANKS, GroupArgs
-
-DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-ALL_REDUCE = {"one_shot": 0, "two_shot": 1, "two_shot_bulk": 2}
-GATHER_TOKENS = {"one_shot": 0, "two_shot": 1, "fused": 2}
-SCATTER_TOKENS = {"one_shot": 0, "two_shot": 1}
+from .abi import DTYPE_CODE, MAX_RANKS, OTHER_DTYPE, GatherTokensAlgorithm, GroupArgs
 
 _groups: list[tuple[ctypes.CDLL, object]] = []  # handle -> (library, pointer to GroupArgs)
 poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten rows show
@@ -27,6 +22,12 @@ poison_outputs = False  # tests set this: new outputs start as NaN, so unwritten
 def register_group(lib: ctypes.CDLL, args: GroupArgs) -> int:
     _groups.append((lib, ctypes.pointer(args)))
     return len(_groups) - 1
+
+
+def release_group(handle: int) -> None:
+    """Forget a handle's GroupArgs (its peer pointers die with the workspace). Handles are
+    indices, so the slot stays (None): a stale handle then fails loudly, never reuses memory."""
+    _groups[handle] = None
 
 
 def _new(shape, like: torch.Tensor) -> torch.Tensor:
@@ -80,7 +81,8 @@ def all_gather_v(x, sizes, host_sizes, group, out_rows):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     dev, host = _sizes(sizes, host_sizes)
-    _launch("all_gather_v", lib.hc_all_gather_v(args, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
+    dtype = DTYPE_CODE.get(x.dtype, OTHER_DTYPE)  # only compared across ranks: rows move as bytes
+    _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
                                                 x.shape[0], out_rows, _stream(x)))
     return out
 
@@ -110,7 +112,7 @@ def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, p
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     residual_out = _new(residual.shape, x)
     dev, host = _sizes(sizes, host_sizes)
-    _launch("gather_tokens", lib.hc_gather_tokens(args, GATHER_TOKENS["fused"], DTYPE_CODE[x.dtype], tp,
+    _launch("gather_tokens", lib.hc_gather_tokens(args, GatherTokensAlgorithm.FUSED, DTYPE_CODE[x.dtype], tp,
                                                   int(partial), x.data_ptr(), out.data_ptr(), residual.data_ptr(),
                                                   weight.data_ptr(), residual_out.data_ptr(), eps, dev, host,
                                                   _row_bytes(x), x.shape[0], out_rows, _stream(x)))

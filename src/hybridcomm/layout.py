@@ -1,6 +1,6 @@
 """Which rank is which: the parallel layout of attention and MoE over one world of GPUs.
 
-Pure Python, no torch.distributed. The rank numbering is a contract (DESIGN.md section 2):
+Pure Python, no torch.distributed. The rank numbering is a contract (docs/architecture.md, "Ranks"):
 
     rank = attn_dp_rank * attn_tp + attn_tp_rank    (attention TP varies fastest)
     rank = moe_ep_rank  * moe_tp  + moe_tp_rank     (MoE TP varies fastest)
@@ -17,6 +17,25 @@ GROUP_NAMES = ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+LAYOUT_KEYWORDS = {"world": "world_size", "attn_tp": "attn_tp", "moe_tp": "moe_tp"}
+
+
+def _parse_keywords(text: str) -> dict[str, int]:
+    """'world=6,attn_tp=3,moe_tp=2' -> Layout keyword arguments."""
+    values: dict[str, int] = {}
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        if key not in LAYOUT_KEYWORDS:
+            raise ValueError(f"cannot parse layout {text!r}: unknown key {key!r}; valid keys are "
+                             f"{list(LAYOUT_KEYWORDS)}, e.g. 'world=6,attn_tp=3,moe_tp=2'")
+        if not value.strip().isdigit():
+            raise ValueError(f"cannot parse layout {text!r}: {key} needs a positive integer, got {value!r}")
+        values[LAYOUT_KEYWORDS[key]] = int(value)
+    if "world_size" not in values:
+        raise ValueError(f"cannot parse layout {text!r}: 'world=N' is required in the key=value form")
+    return values
 
 
 @dataclass(frozen=True)
@@ -132,11 +151,20 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str, ranks_per_node: int | None = None) -> "Layout":
-        """Parse 'dp4', 'dp2xtp2', 'tp4', optionally followed by ',moe_tp2'."""
+        """A layout from its command-line name.
+
+        Shorthand: 'dp4', 'dp2xtp2', 'tp4', optionally followed by ',moe_tp2' (world =
+        dp x tp). Any world: 'world=6,attn_tp=3,moe_tp=2' (attn_tp and moe_tp default to 1).
+        Raises ValueError saying what is wrong."""
+        if not isinstance(text, str):
+            raise ValueError(f"layout: expected a string such as 'dp2xtp2', got {type(text).__name__}")
+        if "=" in text:
+            return cls(**_parse_keywords(text), ranks_per_node=ranks_per_node)
         m = re.fullmatch(r"\s*(?:dp(\d+))?(?:x?tp(\d+))?(?:,moe_tp(\d+))?\s*", text)
         if not m or not (m.group(1) or m.group(2)):
             raise ValueError(
-                f"cannot parse layout {text!r}; expected e.g. 'dp4', 'dp2xtp2', 'tp4', 'dp2xtp2,moe_tp2'"
+                f"cannot parse layout {text!r}; expected e.g. 'dp4', 'dp2xtp2', 'tp4', 'dp2xtp2,moe_tp2' "
+                f"or 'world=6,attn_tp=3,moe_tp=2'"
             )
         dp = int(m.group(1) or 1)
         tp = int(m.group(2) or 1)

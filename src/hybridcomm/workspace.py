@@ -24,12 +24,11 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .build import MAX_RANKS, GroupArgs
+from .abi import FLAG_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs, decode_error
 from .groups import Group, leg_name, member_sets
 from .layout import GROUP_NAMES, Layout
+from .ops import LL
 
-FLAG_BYTES = 256 + 2 * MAX_RANKS * 256 * 4  # csrc/protocol.cuh kFlagBytes
-MAX_BLOCKS = 256  # kMaxBlocks: bulk-protocol flags per (phase, source)
 DEFAULT_AREA_BYTES = 4 << 20
 
 
@@ -70,7 +69,7 @@ def describe_plan(layout: Layout, area_bytes: int) -> str:
     plan = memory_plan(layout, area_bytes)
     total = sum(p[2] for p in plan)
     lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer, "
-             f"phase and slot; {area_bytes >> 11} KiB of payload per peer and call)"]
+             f"phase and slot; {LL.capacity(area_bytes) >> 10} KiB of LL payload per peer and call)"]
     lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
     return "\n".join(lines)
 
@@ -114,7 +113,7 @@ class Workspace:
             self._error_view = self.error_mirror.numpy()
         except RuntimeError:
             self._error_view = self.error_mirror
-        self.states = {key: torch.zeros(4, dtype=torch.int32, device=device) for key in partitions}
+        self.states = {key: torch.zeros(STATE_WORDS, dtype=torch.int32, device=device) for key in partitions}
         blocks = min(torch.cuda.get_device_properties(device).multi_processor_count, MAX_BLOCKS)
         for name, key in self.keys.items():
             g = groups[name]
@@ -141,9 +140,24 @@ class Workspace:
         dist.barrier(group=group)
         return [int(p) for p in self.handle.buffer_ptrs]
 
-    def recorded_error(self) -> int:
-        """The packed error word (0: none): code | op << 8 | group << 16 | peer << 24."""
-        return int(self._error_view[0])
+    def close(self) -> None:
+        """Drop every reference to the workspace's memory: the symmetric buffer and its
+        rendezvous handle (peers' mappings), the error word and its pinned mirror, the
+        per-region states. The caller synchronised the device first."""
+        for name in ("buffer", "handle", "error_word", "error_mirror", "_error_view", "states"):
+            if hasattr(self, name):
+                delattr(self, name)
+        self.args, self.keys, self.total_bytes = {}, {}, 0
+        self.blocker = "the communicator was closed"
+
+    def recorded_error(self):
+        """The error the kernels recorded (abi.RecordedError), or None."""
+        word = int(self._error_view[0])
+        return decode_error(word) if word else None
+
+    def clear_error(self) -> None:
+        self.error_word.zero_()
+        self.error_mirror.zero_()
 
     def describe(self) -> str:
         if self.blocker:

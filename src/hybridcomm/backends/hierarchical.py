@@ -123,11 +123,7 @@ class HierarchicalBackend:
         g = self.groups[group]
         if sizes is not None and not isinstance(sizes, Sizes):
             sizes = parse_sizes(sizes, g.size, x.device, "sizes")
-        if op == "all_gather_v":
-            nbytes = self.comm._gathered_bytes(x, sizes, g.index)
-        else:
-            nbytes = x.numel() * x.element_size()
-        backend, algorithm = self.comm._select(op, g, nbytes, x, sizes)
+        backend, algorithm = self.comm._select(op, g, x, sizes, g.index)
         if op == "all_reduce":
             return backend.all_reduce(x, g, algorithm)
         return getattr(backend, op)(x, sizes, g, algorithm)

@@ -63,6 +63,49 @@ def all_reduce_copy(x: torch.Tensor, group: Group) -> torch.Tensor:
     return out
 
 
+# -- the engines' two-collective transitions (also the benchmarks' baselines, on their buffers) --
+def gather_tokens_two_step(x: torch.Tensor, counts: list[int], groups: dict[str, Group], partial: bool = True,
+                           chunk_out: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """reduce-scatter(attn-TP) + all-gather(world): sum(counts) rows. x holds this DP group's
+    counts[d] rows (partial over attn-TP, or replicated); chunk_out (this rank's chunk) and
+    out (the result) are buffers to use, new tensors if None."""
+    tp, dp, world = groups["attn_tp"], groups["attn_dp"], groups["world"]
+    mine = x[: counts[dp.index]]
+    chunks = split_evenly(mine.shape[0], tp.size)
+    start = sum(chunks[: tp.index])
+    if not partial:
+        chunk = mine[start : start + chunks[tp.index]]
+    elif tp.size > 1:
+        chunk = reduce_scatter_rows(mine, chunks, tp, out=chunk_out)
+    else:
+        chunk = mine
+    world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
+    return all_gather_rows(chunk, world_counts, world, out=out)
+
+
+def gather_tokens_norm_two_step(x: torch.Tensor, counts: list[int], groups: dict[str, Group], fusion,
+                                partial: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engines' fused path: all-reduce(attn-TP), add + RMSNorm, all-gather(DP).
+    Returns (normed rows of every DP group, this group's residual_out)."""
+    tp, dp = groups["attn_tp"], groups["attn_dp"]
+    mine = x[: counts[dp.index]]
+    reduced = all_reduce_copy(mine, tp) if partial else mine
+    normed, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]], fusion.weight, fusion.eps)
+    return all_gather_rows(normed, counts, dp), residual_out
+
+
+def scatter_tokens_two_step(y: torch.Tensor, counts: list[int], groups: dict[str, Group],
+                            chunk_out: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """reduce-scatter(world) + all-gather(attn-TP): this DP group's counts[d] rows, summed.
+    chunk_out / out: buffers as in gather_tokens_two_step."""
+    tp, dp, world = groups["attn_tp"], groups["attn_dp"], groups["world"]
+    world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
+    chunk = reduce_scatter_rows(y, world_counts, world, out=chunk_out)
+    if tp.size == 1:
+        return chunk
+    return all_gather_rows(chunk, split_evenly(counts[dp.index], tp.size), tp, out=out)
+
+
 class NcclBackend:
     name = "nccl"
 
@@ -81,30 +124,15 @@ class NcclBackend:
         return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=False))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
-        tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
+        dp = self.groups["attn_dp"]
         counts = _host_counts(dp_sizes)
-        mine = x[: counts[dp.index]]
         gathered = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
-        if fusion is not None:
-            # The engines' fused path: all-reduce(attn-TP), add+norm, all-gather(DP).
-            reduced = all_reduce_copy(mine, tp) if partial else mine
-            normed, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]],
-                                                fusion.weight, fusion.eps)
-            out = pad_rows(all_gather_rows(normed, counts, dp), gathered)
-            return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
-        chunks = split_evenly(mine.shape[0], tp.size)
-        start = sum(chunks[: tp.index])
-        if partial:
-            chunk = reduce_scatter_rows(mine, chunks, tp)
-        else:
-            chunk = mine[start : start + chunks[tp.index]]
-        world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
-        return pad_rows(all_gather_rows(chunk, world_counts, world), gathered)
+        if fusion is None:
+            return pad_rows(gather_tokens_two_step(x, counts, self.groups, partial), gathered)
+        normed, residual_out = gather_tokens_norm_two_step(x, counts, self.groups, fusion, partial)
+        return pad_rows(normed, gathered), pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
-        tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
-        counts = _host_counts(dp_sizes)
-        world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
-        chunk = reduce_scatter_rows(y, world_counts, world)
-        mine = all_gather_rows(chunk, split_evenly(counts[dp.index], tp.size), tp)
+        dp = self.groups["attn_dp"]
+        mine = scatter_tokens_two_step(y, _host_counts(dp_sizes), self.groups)
         return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))

@@ -13,13 +13,13 @@ import math
 import torch
 
 from .. import build, kernels
+from ..abi import ROW_ALIGN_BYTES, CallField, ErrorCode
 from ..arguments import Sizes, result_rows
-from ..errors import CapacityExceeded, PeerTimeout
+from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
+from ..ops import OPS, op_name
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
-
-OP_NAMES = {1: "all_reduce", 2: "all_gather_v", 3: "reduce_scatter_v", 4: "gather_tokens", 5: "scatter_tokens"}
 
 
 class NvlinkBackend:
@@ -36,24 +36,24 @@ class NvlinkBackend:
 
     # -- can a kernel run this call? ---------------------------------------------------------
     def blocker(self, op: str, algorithm: str, group: Group, x: torch.Tensor, sizes: Sizes | None) -> str | None:
-        """Why our kernel cannot run this call, or None."""
+        """Why our kernel cannot run this call, or None (ops.OPS says what the op sends)."""
         if self.workspace.blocker:
             return self.workspace.blocker
         if group.name not in self.handles:
             return f"group {group.name!r} has one rank: nothing to communicate"
-        row_bytes = math.prod(x.shape[1:]) * x.element_size()
-        if op == "all_reduce":
+        spec = OPS[op]
+        alg = spec.algorithm(algorithm)
+        if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
-            if nbytes % 16:
-                return f"{nbytes} bytes is not a multiple of 16"
-            per_peer = nbytes if algorithm == "one_shot" else -(-nbytes // (16 * group.size)) * 16
+            if nbytes % ROW_ALIGN_BYTES:
+                return f"{nbytes} bytes is not a multiple of {ROW_ALIGN_BYTES}"
         else:
-            if row_bytes % 16:
-                return f"rows of {row_bytes} bytes are not a multiple of 16"
-            rows = max(sizes.host) if sizes.host is not None else x.shape[0]
-            per_peer = rows * row_bytes
-        # LL packets carry 8 bytes of payload in 16; the bulk protocol fills the area 1:1.
-        capacity = self.workspace.area_bytes // (1 if algorithm.endswith("bulk") else 2)
+            row_bytes = math.prod(x.shape[1:]) * x.element_size()
+            if row_bytes % ROW_ALIGN_BYTES:
+                return f"rows of {row_bytes} bytes are not a multiple of {ROW_ALIGN_BYTES}"
+            nbytes = (max(sizes.host) if sizes.host is not None else x.shape[0]) * row_bytes
+        per_peer = spec.per_peer_bytes(alg, nbytes, group.size)
+        capacity = alg.protocol.capacity(self.workspace.area_bytes)
         if per_peer > capacity:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
                     f"{capacity} (raise workspace_bytes)")
@@ -61,7 +61,7 @@ class NvlinkBackend:
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):
-        return torch.ops.hybridcomm.all_reduce(x, self.handles[group.name], kernels.ALL_REDUCE[algorithm])
+        return torch.ops.hybridcomm.all_reduce(x, self.handles[group.name], _code("all_reduce", algorithm))
 
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
@@ -84,35 +84,67 @@ class NvlinkBackend:
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
             # same order), and that kernel is the leaner one (measured: results/4xH200).
-            return self.all_gather_v(x, dp_sizes, self.groups["world"], "one_shot")
+            return self._reduced("gather_tokens", x, dp_sizes)
         if not partial:
             algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
         return torch.ops.hybridcomm.gather_tokens(x, dp_sizes.device, host, handle, tp, partial,
-                                                  kernels.GATHER_TOKENS[algorithm], out_rows)
+                                                  _code("gather_tokens", algorithm), out_rows)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
         if self.layout.attn_tp == 1:
             # One rank per DP group: exactly reduce_scatter_v over the world, the leaner kernel.
-            return self.reduce_scatter_v(y, dp_sizes, self.groups["world"], "one_shot")
+            return self._reduced("scatter_tokens", y, dp_sizes)
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)
         return torch.ops.hybridcomm.scatter_tokens(y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
-                                                   self.layout.attn_tp, kernels.SCATTER_TOKENS[algorithm], out_rows)
+                                                   self.layout.attn_tp, _code("scatter_tokens", algorithm), out_rows)
+
+    def _reduced(self, op: str, x, dp_sizes: Sizes):
+        """A transition run as the op it is when its attention-TP axis has size 1."""
+        other = OPS[op].reduces_to["attn_tp"]
+        return getattr(self, other)(x, dp_sizes, self.groups["world"], OPS[other].algorithms[0].name)
+
+    def close(self) -> None:
+        """Release the workspace now; the caller has synchronised the device."""
+        for handle in self.handles.values():
+            kernels.release_group(handle)
+        self.handles = {}
+        self.workspace.close()
 
     # -- errors ------------------------------------------------------------------------------
     def raise_recorded_error(self) -> None:
         if not self.workspace.args:
             return
-        word = self.workspace.recorded_error()
-        if not word:
+        error = self.workspace.recorded_error()
+        if error is None:
             return
-        code, op, group_id, peer = word & 0xFF, (word >> 8) & 0xFF, (word >> 16) & 0xFF, (word >> 24) & 0xFFFF
-        op_name, group_name = OP_NAMES.get(op, f"op {op}"), GROUP_NAMES[group_id]
-        if code == 2:
+        op, group = op_name(error.op), GROUP_NAMES[error.group]
+        if error.code == ErrorCode.CAPACITY:
             # Kernels stayed in step (every rank skipped or clamped the same way): clear and go on.
-            self.workspace.error_word.zero_()
-            self.workspace.error_mirror.zero_()
-            raise CapacityExceeded(f"{op_name} on group {group_name!r}: device-side sizes asked for more rows "
-                                   f"than the buffers or the workspace hold (seen by rank {peer}); "
+            self.workspace.clear_error()
+            raise CapacityExceeded(f"{op} on group {group!r}: device-side sizes asked for more rows "
+                                   f"than the buffers or the workspace hold (seen by rank {error.peer}); "
                                    f"that call's output is incomplete")
-        raise PeerTimeout(op_name, group_name, peer, self.timeout_s)
+        if error.code == ErrorCode.ARGUMENT_MISMATCH:
+            # Every rank finished that call (nobody waits on a peer that disagrees), so the
+            # group is in step. Clear once no queued kernel can still record it (outside capture).
+            if not torch.cuda.is_current_stream_capturing():
+                torch.cuda.synchronize(self.workspace.error_word.device)
+                self.workspace.clear_error()
+            raise ArgumentMismatch.on_device(op, group, error.peer, MISMATCH_WORDS.get(error.detail, f"field {error.detail}"))
+        raise PeerTimeout(op, group, error.peer, self.timeout_s)
+
+
+# What the kernels found different between two ranks' calls (the detail of ARGUMENT_MISMATCH).
+MISMATCH_WORDS = {
+    CallField.OP: "op (a skipped or reordered call?)",
+    CallField.DTYPE: "dtype",
+    CallField.ALGORITHM: "algorithm (other sizes or another selection table?)",
+    CallField.VARIANT: "attn_tp / partial",
+    CallField.COUNTS: "row counts (sizes)",
+    CallField.WIDTH: "row width in bytes (all_reduce: message bytes)",
+}
+
+
+def _code(op: str, algorithm: str) -> int:
+    return int(OPS[op].algorithm(algorithm).code)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime
 import statistics
 import sys
-import time
 from dataclasses import replace
 from typing import Sequence
 
@@ -37,6 +36,7 @@ from ..communicator import Communicator
 from ..layout import Layout
 from ..model import (Batch, DistributedDecoder, ModelConfig, ModelWeights, dtype_from_name,
                      make_dp_batch, rank_part, reference_forward)
+from . import timing
 
 # Display name per backend argument: "auto" is this library's own selection.
 LABELS = {"auto": "hybridcomm"}
@@ -74,55 +74,6 @@ def parse_layout(layout_name: str, moe_tp: int | None = None) -> Layout:
     """'dp2xtp2' (optionally ',moe_tp2'); `moe_tp`, when given, overrides the name's."""
     layout = Layout.parse(layout_name)
     return layout if moe_tp is None else replace(layout, moe_tp=moe_tp)
-
-
-# -- timing -------------------------------------------------------------------------------
-def _time_eager(step, steps: int, warmup: int) -> tuple[list[float], torch.Tensor]:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        dist.barrier()  # start together, so a step is not timed waiting for a late peer
-        start = time.perf_counter()
-        out = step()
-        times.append((time.perf_counter() - start) * 1e6)
-    return times, out
-
-
-def _time_graph(step, steps: int, warmup: int) -> tuple[list[float], torch.Tensor]:
-    """Capture one step after eager warm-up on a side stream; time `steps` replays per
-    repeat with CUDA events. Returns µs per step per repeat, and the graph's output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(warmup, 1)):  # lazy NCCL setup and allocations happen here, not in capture
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    graph.replay()
-    times = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(steps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / steps)
-    torch.cuda.synchronize()
-    return times, out
-
-
-def _max_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    t = torch.nan_to_num(t, nan=float("inf"))  # a NaN must win the max, not vanish in it
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
 
 
 def _errors(out: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
@@ -167,10 +118,12 @@ def run_layer_bench(layout_name: str, moe_tp: int | None, tokens_per_dp: list[in
     rows = []
     for backend in backends:
         decoder = DistributedDecoder(cfg, weights, _communicator(layout, backend, device))
-        timer = _time_graph if use_graphs else _time_eager
-        times, out = timer(lambda: decoder.forward(part, tokens_per_dp), steps, warmup)
-        step_us, abs_error, rel_error = _max_over_ranks([statistics.median(times), *_errors(out, expected)],
-                                                        device)
+        step = lambda: decoder.forward(part, tokens_per_dp)  # noqa: E731
+        if use_graphs:
+            times, out = timing.graph_times(step, replays=steps, repeats=REPEATS, warmup=warmup)
+        else:
+            times, out = timing.eager_times(step, steps, warmup)
+        step_us, abs_error, rel_error = timing.max_over_ranks([statistics.median(times), *_errors(out, expected)])
         rows.append({"backend": LABELS.get(backend, backend), "step_us": step_us,
                      "max_abs_error": abs_error, "max_rel_error": rel_error})
         del decoder, out
@@ -268,8 +221,10 @@ def format_layer_table(results) -> str:
     """A plain text table (nccl-tests style) of `bench_layer`'s dict, or of a list of
     `run_layer_bench` dicts."""
     runs = results["results"] if isinstance(results, dict) else results
-    header = (f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} {'speed-up':>9} "
-              f"{'max abs err':>12} {'max rel err':>12}")
+    # A speed-up needs a second backend in the run.
+    speedups = any(len(run["backends"]) > 1 for run in runs)
+    header = (f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} "
+              + (f"{'speed-up':>9} " if speedups else "") + f"{'max abs err':>12} {'max rel err':>12}")
     lines = [header, "-" * len(header)]
     for run in runs:
         first = run["backends"][0]["step_us"] if run["backends"] else None
@@ -277,5 +232,6 @@ def format_layer_table(results) -> str:
         for b in run["backends"]:
             speedup = first / b["step_us"] if first and b["step_us"] else float("nan")
             lines.append(f"{run['layout']:<18} {tokens:>12} {b['backend']:>12} {b['step_us']:>10.1f} "
-                         f"{speedup:>8.2f}x {b['max_abs_error']:>12.3g} {b.get('max_rel_error', float('nan')):>12.3g}")
+                         + (f"{speedup:>8.2f}x " if speedups else "")
+                         + f"{b['max_abs_error']:>12.3g} {b.get('max_rel_error', float('nan')):>12.3g}")
     return "\n".join(lines)

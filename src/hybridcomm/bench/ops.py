@@ -1,4 +1,4 @@
-"""`hybridcomm bench ops`: all_reduce / all_gather_v / reduce_scatter_v over the world,
+"""`hybridcomm bench ops`: the group collectives of the op registry over the world,
 message sizes 2 KB - 64 MB, bf16, our kernels and the baselines in the same run.
 
 Columns (µs per call, graph replay, median, max over ranks):
@@ -7,27 +7,34 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_two_shot /
   hc_two_shot_bulk
   nccl, nccl_symm, symm_one_shot, symm_two_shot: baselines (bench/baselines.py)
-Message size: all_reduce input, all_gather_v output, reduce_scatter_v input (as DEVICE.md).
-all_gather_v / reduce_scatter_v move one row of size/world bytes per rank.
+Message size: the tensor ops.OPS names as the op's message. Forced algorithms run through
+Communicators built with `table=algorithms.forced(...)`; a column is left out where that
+kernel cannot run the size.
+The row collectives move one row of size/world bytes per rank.
 On CPU only the reference backend runs (eager wall clock; for development, not speed).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..algorithms import forced
 from ..communicator import Communicator
 from ..layout import Layout
+from ..ops import OPS as REGISTRY
+from ..workspace import DEFAULT_AREA_BYTES, describe_plan
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [2 * KiB, 8 * KiB, 32 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
                  8 * MiB, 16 * MiB, 64 * MiB]
-OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v")
+OPS = tuple(name for name, spec in REGISTRY.items() if not spec.on_world)  # the group collectives
 BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
 DTYPE = torch.bfloat16
 
@@ -38,19 +45,48 @@ def busbw_gbps(op: str, nbytes: int, us: float, n: int) -> float:
     return nbytes / (us * 1e-6) * factor / 1e9
 
 
-def _calls(op: str, nbytes: int, comm: Communicator, symm: NcclSymmetricBuffers, sm: SymmMemBuffer):
+@dataclass
+class Forced:
+    """A Communicator that runs one algorithm of `ops` at every size."""
+
+    comm: Communicator
+    ops: set[str]
+
+
+def forced_communicators(layout: Layout, ops: list[str], **kwargs) -> dict[str, Forced]:
+    """"hc_<algorithm>" -> Forced, one per algorithm name the registry lists for `ops`
+    (creating each Communicator is collective)."""
+    by_name: dict[str, set[str]] = {}
+    for op in ops:
+        for a in REGISTRY[op].algorithms:
+            by_name.setdefault(a.name, set()).add(op)
+    return {f"hc_{name}": Forced(Communicator(layout, table=forced(dict.fromkeys(with_it, name)), **kwargs), with_it)
+            for name, with_it in by_name.items()}
+
+
+def add_forced_calls(calls: dict, op: str, forced_comms: dict[str, Forced], call_with) -> None:
+    """calls[label] = call_with(comm) for every forced Communicator of `op` whose kernel can
+    run it (run once to find out: `last_choice` says which backend ran)."""
+    for label, f in forced_comms.items():
+        if op not in f.ops:
+            continue
+        call = lambda comm=f.comm: call_with(comm)  # noqa: E731
+        call()
+        if f.comm.last_choice.backend == "nvlink":
+            calls[label] = call
+
+
+def _calls(op: str, nbytes: int, comm: Communicator, forced_comms: dict[str, Forced], symm: NcclSymmetricBuffers,
+           sm: SymmMemBuffer):
     """name -> zero-argument call, for every implementation that can run this op and size."""
     n, elem = dist.get_world_size(), torch.finfo(DTYPE).bits // 8
-    device, world = comm.device, comm.groups["world"]
-    nvlink = comm.backends["nvlink"]
+    device = comm.device
     numel = nbytes // elem
     calls = {}
     if op == "all_reduce":
         x = torch.randn(numel, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.all_reduce(x)
-        for alg in ("one_shot", "two_shot", "two_shot_bulk"):
-            if nvlink.blocker(op, alg, world, x, None) is None:
-                calls[f"hc_{alg}"] = lambda alg=alg: nvlink.all_reduce(x, world, alg)
+        add_forced_calls(calls, op, forced_comms, lambda c: c.all_reduce(x))
         calls["nccl"] = lambda: dist.all_reduce(x)
         if symm.buffers is not None:
             xs = symm.view(0, (numel,), DTYPE)
@@ -65,6 +101,7 @@ def _calls(op: str, nbytes: int, comm: Communicator, symm: NcclSymmetricBuffers,
     if op == "all_gather_v":
         x, out = torch.randn(1, row, dtype=DTYPE, device=device), torch.empty(n, row, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.all_gather_v(x, sizes)
+        add_forced_calls(calls, op, forced_comms, lambda c: c.all_gather_v(x, sizes))
         calls["nccl"] = lambda: dist.all_gather_into_tensor(out, x)
         if symm.buffers is not None:
             xs, outs = symm.view(0, (1, row), DTYPE), symm.view(1, (n, row), DTYPE)
@@ -72,6 +109,7 @@ def _calls(op: str, nbytes: int, comm: Communicator, symm: NcclSymmetricBuffers,
     else:
         x, out = torch.randn(n, row, dtype=DTYPE, device=device), torch.empty(1, row, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.reduce_scatter_v(x, sizes)
+        add_forced_calls(calls, op, forced_comms, lambda c: c.reduce_scatter_v(x, sizes))
         calls["nccl"] = lambda: dist.reduce_scatter_tensor(out, x)
         if symm.buffers is not None:
             xs, outs = symm.view(0, (n, row), DTYPE), symm.view(1, (1, row), DTYPE)
@@ -83,6 +121,7 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     """Worker entry (every rank): one record per (op, size, implementation)."""
     n = dist.get_world_size()
     comm = Communicator(Layout(n))
+    forced_comms = forced_communicators(Layout(n), ops)
     device = comm.device
     biggest = max(sizes)
     symm = NcclSymmetricBuffers([biggest, biggest], device)
@@ -90,7 +129,7 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     records, overhead = [], {}
     for op in ops:
         for nbytes in sizes:
-            calls = _calls(op, nbytes, comm, symm, sm)
+            calls = _calls(op, nbytes, comm, forced_comms, symm, sm)
             names = sorted(calls)
             us = [timing.graph_us(calls[name], timing.calls_per_graph(nbytes)) for name in names]
             us = timing.max_over_ranks(us)
@@ -109,15 +148,13 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
     overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
     return {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
-            "workspace": comm.backends["nvlink"].workspace.describe(),
+            "workspace": describe_plan(comm.layout, DEFAULT_AREA_BYTES),  # what `hybridcomm info` prints
             "nccl_symm_note": symm.error, "symm_mem_note": sm.error,
             "records": records, "eager_overhead_us": overhead}
 
 
 def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
     """CPU development path: the reference backend's eager wall clock (not a speed claim)."""
-    import time
-
     n = dist.get_world_size()
     comm = Communicator(Layout(n))
     records = []
@@ -128,17 +165,14 @@ def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
             call = {"all_reduce": lambda: comm.all_reduce(x),
                     "all_gather_v": lambda: comm.all_gather_v(torch.randn(1, numel // n), [1] * n),
                     "reduce_scatter_v": lambda: comm.reduce_scatter_v(torch.randn(n, numel // n), [1] * n)}[op]
-            call()
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(5):
-                call()
-            us = timing.max_over_ranks([(time.perf_counter() - start) * 1e6 / 5])[0]
+            us = timing.max_over_ranks([statistics.median(timing.eager_times(call, 5)[0])])[0]
             records.append({"op": op, "bytes": nbytes, "impl": "reference", "us": us,
                             "busbw_GBps": busbw_gbps(op, nbytes, us, n)})
             if dist.get_rank() == 0:
                 print(f"[ops] {op:<16} {nbytes:>10} B  reference {us:10.1f} us", file=sys.stderr, flush=True)
-    return {"environment": timing.environment(), "world_size": n, "dtype": "float32", "records": records}
+    return {"environment": timing.environment(), "world_size": n, "dtype": "float32", "records": records,
+            "timing": f"eager wall clock on CPU, {n} gloo processes, reference backend, mean of 5 calls, max over "
+                      f"ranks: a development path, not a speed claim"}
 
 
 def bench_ops(world_size: int, device: str, sizes: list[int] | None = None, ops: list[str] | None = None,

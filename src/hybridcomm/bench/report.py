@@ -36,18 +36,21 @@ def ops_markdown(results: dict) -> str:
     for r in results["records"]:
         by[(r["op"], r["bytes"])][r["impl"]] = r["us"]
     impls = sorted({r["impl"] for r in results["records"]}, key=lambda k: (k != "hybridcomm", k in BASELINES, k))
+    # A ratio needs hybridcomm and a baseline in the same run (the CPU path has neither).
+    ratios = "hybridcomm" in impls and any(b in impls for b in BASELINES)
+    timing = results.get("timing", "CUDA graph replay, median of repeats, max over ranks")
     out = [f"# bench ops, world {results['world_size']}, {results['dtype']}", "", _header(results["environment"]), "",
-           "µs per call (CUDA graph replay, median of repeats, max over ranks); ratio = best baseline / hybridcomm "
-           "(> 1: we are faster).", ""]
+           f"µs per call ({timing})" + ("; ratio = best baseline / hybridcomm (> 1: we are faster)." if ratios
+                                       else "."), ""]
     for op in dict.fromkeys(r["op"] for r in results["records"]):
         rows = []
         for (o, nbytes), cols in sorted(by.items()):
             if o != op:
                 continue
             base = [cols[b] for b in BASELINES if b in cols]
-            ratio = f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"
-            rows.append([human_bytes(nbytes)] + [_fmt(cols.get(i)) for i in impls] + [ratio])
-        out += [f"## {op}", "", _table(["size"] + impls + ["ratio"], rows), ""]
+            ratio = [f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"]
+            rows.append([human_bytes(nbytes)] + [_fmt(cols.get(i)) for i in impls] + (ratio if ratios else []))
+        out += [f"## {op}", "", _table(["size"] + impls + (["ratio"] if ratios else []), rows), ""]
     if "eager_overhead_us" in results:
         out += ["## eager per-call cost (µs, wall clock, 2 KB all_reduce)", ""]
         out += [f"- {k}: {v:.1f}" for k, v in results["eager_overhead_us"].items()]
@@ -119,8 +122,9 @@ def transitions_plot(results: dict, path: Path) -> str | None:
     return _log_plot(panels, "tokens per DP rank (balanced)", results["environment"], path)
 
 
-def write(results: dict, out: Path, kind: str) -> list[Path]:
-    """out: the .json path; writes out, out.md and out.png beside it."""
+def write(results: dict, out: Path, kind: str) -> tuple[list[Path], list[str]]:
+    """out: the .json path; writes out, out.md and out.png beside it.
+    Returns (the files written, why a plot was skipped)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
@@ -130,6 +134,13 @@ def write(results: dict, out: Path, kind: str) -> list[Path]:
         out.with_suffix(".md").write_text(markdown(results))
         written.append(out.with_suffix(".md"))
     plot = {"ops": ops_plot, "transitions": transitions_plot}.get(kind)
-    if plot and results.get("environment", {}).get("gpu") and plot(results, out.with_suffix(".png")) is None:
-        written.append(out.with_suffix(".png"))
-    return written
+    skipped = []
+    if plot and not results.get("environment", {}).get("gpu"):
+        skipped.append("CPU timings are a development path, not a speed claim worth a plot")
+    elif plot:
+        why = plot(results, out.with_suffix(".png"))
+        if why is None:
+            written.append(out.with_suffix(".png"))
+        else:
+            skipped.append(why)
+    return written, skipped

@@ -1,4 +1,4 @@
-"""How every number here is taken (DESIGN.md section 6).
+"""How every benchmark number is taken (docs/architecture.md, "Benchmarks").
 
 A call is captured `calls` times back to back in one CUDA graph; the graph is replayed
 `repeats` times between events; the median µs per call is taken on each rank and the
@@ -23,19 +23,25 @@ def calls_per_graph(nbytes: int) -> int:
     return max(5, min(100, int(256e6 // max(nbytes, 1))))
 
 
-def graph_us(call: Callable[[], object], calls: int, repeats: int = REPEATS) -> float:
-    """Median µs per call on this rank, timed as CUDA graph replays."""
+def graph_times(call: Callable[[], object], calls: int = 1, replays: int = 1, repeats: int = REPEATS,
+                warmup: int = 3) -> tuple[list[float], object]:
+    """µs per call on this rank, one value per repeat, and the captured graph's output.
+
+    `call` runs `warmup` times eagerly on a side stream (lazy NCCL setup and allocations
+    happen there, not in capture), then `calls` times back to back in one CUDA graph; each
+    repeat replays the graph `replays` times between two events.
+    """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # lazy setup (NCCL, allocations) happens outside capture
-        for _ in range(3):
+    with torch.cuda.stream(side):
+        for _ in range(max(warmup, 1)):
             call()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
-            call()
+            out = call()
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -44,13 +50,33 @@ def graph_us(call: Callable[[], object], calls: int, repeats: int = REPEATS) -> 
         torch.cuda.synchronize()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        graph.replay()
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / calls)
+        times.append(begin.elapsed_time(end) * 1e3 / (calls * replays))
     del graph
     torch.cuda.synchronize()
-    return statistics.median(times)
+    return times, out
+
+
+def graph_us(call: Callable[[], object], calls: int, repeats: int = REPEATS) -> float:
+    """Median µs per call on this rank, timed as CUDA graph replays."""
+    return statistics.median(graph_times(call, calls, repeats=repeats)[0])
+
+
+def eager_times(call: Callable[[], object], steps: int, warmup: int = 1) -> tuple[list[float], object]:
+    """Wall-clock µs of each of `steps` eager calls, the ranks starting each together, and the
+    last output (CPU runs: no graphs there)."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(steps):
+        dist.barrier()  # start together, so a call is not timed waiting for a late peer
+        start = time.perf_counter()
+        out = call()
+        times.append((time.perf_counter() - start) * 1e6)
+    return times, out
 
 
 def eager_us(call: Callable[[], object], calls: int = 200) -> float:

@@ -15,22 +15,25 @@ Columns (µs per call, graph replay, median, max over ranks):
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from ..arguments import parse_sizes, split_evenly
-from ..backends.nccl import all_gather_rows, reduce_scatter_rows
+from ..arguments import split_evenly
+from ..backends import nccl
 from ..communicator import Communicator
 from ..layout import Layout
 from ..norm import ResidualNorm
 from . import timing
 from .baselines import NcclSymmetricBuffers
+from .ops import add_forced_calls, forced_communicators
 
 HIDDEN = 4096
 DTYPE = torch.bfloat16
 TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 IMBALANCED = 64  # one DP rank with 64 tokens, the others with 1
+OPS = ("gather_tokens", "scatter_tokens")
 BUFFER_BYTES = 512 * 8 * HIDDEN * 2  # enough for 512 tokens on each of 8 DP ranks
 
 
@@ -45,83 +48,60 @@ def token_cases(layout: Layout) -> list[tuple[str, list[int]]]:
     return cases
 
 
-class TwoStepBaseline:
-    """The engines' two-collective transitions on given buffers (plain or NCCL-registered)."""
-
-    def __init__(self, comm: Communicator, view):
-        self.comm, self.view = comm, view  # view(index, shape) -> tensor on a buffer
-
-    def gather(self, x, counts):
-        g, tp = self.comm.groups, self.comm.layout.attn_tp
-        mine = counts[g["attn_dp"].index]
-        chunks = split_evenly(mine, tp)
-        chunk = self.view(1, (chunks[g["attn_tp"].index], HIDDEN))
-        if tp > 1:
-            reduce_scatter_rows(x, chunks, g["attn_tp"], out=chunk)
-        else:
-            chunk = x
-        world_counts = [c for n in counts for c in split_evenly(n, tp)]
-        return all_gather_rows(chunk, world_counts, g["world"], out=self.view(2, (sum(counts), HIDDEN)))
-
-    def scatter(self, y, counts):
-        g, tp = self.comm.groups, self.comm.layout.attn_tp
-        world_counts = [c for n in counts for c in split_evenly(n, tp)]
-        mine = counts[g["attn_dp"].index]
-        chunk = reduce_scatter_rows(y, world_counts, g["world"], out=self.view(1, (world_counts[g["world"].index], HIDDEN)))
-        if tp == 1:
-            return chunk
-        return all_gather_rows(chunk, split_evenly(mine, tp), g["attn_tp"], out=self.view(2, (mine, HIDDEN)))
+def _two_step(op: str, comm: Communicator, counts: list[int], view):
+    """The engines' two-collective transition (the NCCL backend's functions) on buffers cut by
+    view(index, shape): plain tensors or NCCL-registered ones."""
+    g, tp = comm.groups, comm.layout.attn_tp
+    mine = counts[g["attn_dp"].index]
+    if op == "gather_tokens":
+        chunk = view(1, (split_evenly(mine, tp)[g["attn_tp"].index], HIDDEN))
+        return lambda x: nccl.gather_tokens_two_step(x, counts, g, chunk_out=chunk, out=view(2, (sum(counts), HIDDEN)))
+    world_counts = [c for n in counts for c in split_evenly(n, tp)]
+    chunk = view(1, (world_counts[g["world"].index], HIDDEN))
+    return lambda y: nccl.scatter_tokens_two_step(y, counts, g, chunk_out=chunk, out=view(2, (mine, HIDDEN)))
 
 
-def _calls(op: str, counts: list[int], comm: Communicator, symm: NcclSymmetricBuffers, plain: list[torch.Tensor]):
-    g, layout = comm.groups, comm.layout
-    nvlink, device = comm.backends["nvlink"], comm.device
+def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, symm: NcclSymmetricBuffers,
+           plain: list[torch.Tensor]):
+    g, layout, device = comm.groups, comm.layout, comm.device
     mine = counts[g["attn_dp"].index]
     total = sum(counts)
     tp_chunks = split_evenly(mine, layout.attn_tp)
     world_counts = [c for n in counts for c in split_evenly(n, layout.attn_tp)]
-    sizes = parse_sizes(counts, layout.attn_dp, device, "dp_sizes")
 
     def plain_view(i, shape):
         return plain[i][: shape[0] * shape[1] * 2].view(DTYPE).view(shape)
 
+    def symm_view(i, shape):
+        return symm.view(i, shape, DTYPE)
+
     calls = {}
-    nccl = TwoStepBaseline(comm, plain_view)
     if op == "gather_tokens":
         x = plain_view(0, (mine, HIDDEN)).normal_()
-        calls["nccl"] = lambda: nccl.gather(x, counts)
+        calls["nccl"] = partial(_two_step(op, comm, counts, plain_view), x)
         if symm.buffers is not None:
-            xs = symm.view(0, (mine, HIDDEN), DTYPE).normal_()
-            symm_base = TwoStepBaseline(comm, lambda i, shape: symm.view(i, shape, DTYPE))
-            calls["nccl_symm"] = lambda: symm_base.gather(xs, counts)
+            calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (mine, HIDDEN)).normal_())
         if layout.attn_tp > 1:
             calls["hc_unfused"] = lambda: comm.all_gather_v(comm.reduce_scatter_v(x, tp_chunks, "attn_tp"), world_counts)
         else:
             calls["hc_unfused"] = lambda: comm.all_gather_v(x, world_counts)
-        for alg in ("one_shot", "two_shot"):
-            if nvlink.blocker("gather_tokens", alg, g["world"], x, sizes) is None:
-                calls[f"hc_{alg}"] = lambda alg=alg: nvlink.gather_tokens(x, sizes, True, None, alg)
+        add_forced_calls(calls, op, forced_comms, lambda c: c.gather_tokens(x, counts))
         calls["hybridcomm"] = lambda: comm.gather_tokens(x, counts)
         residual = torch.randn(mine, HIDDEN, dtype=DTYPE, device=device)
         weight = torch.randn(HIDDEN, dtype=DTYPE, device=device)
-        nccl_backend = comm.backends["nccl"]
         fusion = ResidualNorm(residual, weight, 1e-6)
-        calls["nccl_norm"] = lambda: nccl_backend.gather_tokens(x, sizes, True, fusion)
+        calls["nccl_norm"] = lambda: nccl.gather_tokens_norm_two_step(x, counts, g, fusion)
         calls["hc_norm"] = lambda: comm.gather_tokens(x, counts, residual=residual, norm_weight=weight)
     else:
         y = plain_view(0, (total, HIDDEN)).normal_()
-        calls["nccl"] = lambda: nccl.scatter(y, counts)
+        calls["nccl"] = partial(_two_step(op, comm, counts, plain_view), y)
         if symm.buffers is not None:
-            ys = symm.view(0, (total, HIDDEN), DTYPE).normal_()
-            symm_base = TwoStepBaseline(comm, lambda i, shape: symm.view(i, shape, DTYPE))
-            calls["nccl_symm"] = lambda: symm_base.scatter(ys, counts)
+            calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (total, HIDDEN)).normal_())
         if layout.attn_tp > 1:
             calls["hc_unfused"] = lambda: comm.all_gather_v(comm.reduce_scatter_v(y, world_counts), tp_chunks, "attn_tp")
         else:
             calls["hc_unfused"] = lambda: comm.reduce_scatter_v(y, world_counts)
-        for alg in ("one_shot", "two_shot"):
-            if nvlink.blocker("scatter_tokens", alg, g["world"], y, sizes) is None:
-                calls[f"hc_{alg}"] = lambda alg=alg: nvlink.scatter_tokens(y, sizes, alg)
+        add_forced_calls(calls, op, forced_comms, lambda c: c.scatter_tokens(y, counts))
         calls["hybridcomm"] = lambda: comm.scatter_tokens(y, counts)
     return calls
 
@@ -135,9 +115,10 @@ def sweep_transitions(layout_names: list[str]) -> dict:
     for name in layout_names:
         layout = Layout.parse(name)
         comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
+        forced_comms = forced_communicators(layout, list(OPS), workspace_bytes=32 << 20)
         for label, counts in token_cases(layout):
-            for op in ("gather_tokens", "scatter_tokens"):
-                calls = _calls(op, counts, comm, symm, plain)
+            for op in OPS:
+                calls = _calls(op, counts, comm, forced_comms, symm, plain)
                 names = sorted(calls)
                 nbytes = sum(counts) * HIDDEN * 2
                 us = timing.max_over_ranks([timing.graph_us(calls[k], timing.calls_per_graph(nbytes)) for k in names])
@@ -147,7 +128,7 @@ def sweep_transitions(layout_names: list[str]) -> dict:
                 if dist.get_rank() == 0:
                     row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
                     print(f"[transitions] {layout.name} {op} {label} {counts}: {row}", file=sys.stderr, flush=True)
-        del comm
+        del comm, forced_comms
     return {"environment": timing.environment(), "hidden": HIDDEN, "dtype": str(DTYPE),
             "nccl_symm_note": symm.error, "records": records}
 

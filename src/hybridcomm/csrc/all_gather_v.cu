@@ -6,45 +6,28 @@
 namespace hc {
 
 __global__ void __launch_bounds__(kThreads)
-    all_gather_v_push(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, SizesArg sizes,
-                      int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
+    all_gather_v_push(GroupArgs g, int dtype, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
+  CallCtx cx = begin_call(g, kAllGatherV);
+  const RowCounts rc = group_counts(cx, io, /*gather=*/true);
+  arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;
-  const RowCounts rc = load_counts_checked(g, sizes, n, row_lanes, kAllGatherV);
-  check_buffers(g, rc.count[me] > in_rows || rc.offset[n] > out_rows, kAllGatherV);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
-  const int64_t my_lanes = rc.count[me] * row_lanes, my_out = rc.offset[me] * row_lanes;
+  const int64_t my_lanes = rc.count[me] * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
-    uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
-    for (int k = 1; k < n; ++k) {
-      int peer = (me + k) % n;
-      put_packet(area(g, g.regions[peer], c.slot, 0, me) + i, v, c.flag);
-    }
-    if (my_out + i < out_lanes) out[my_out + i] = v;
+    uint2 v = i < io.in_lanes() ? in[i] : make_uint2(0, 0);
+    push_to_peers(cx, cx.everyone(), 0, i, v);
+    if (my_out + i < io.out_lanes()) out[my_out + i] = v;
   }
-  for (int64_t i = grid_thread(); i < rc.max * row_lanes; i += grid_threads()) {
-    const uint4* src[kMaxRanks];
+  for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     uint2 data[kMaxRanks];
-    uint32_t pending = 0;
+    const uint32_t received =
+        wait_sources(cx, 0, n, 0, i, [&](int s) { return s != me && i < rc.count[s] * io.row_lanes; }, data);
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
-      src[s] = nullptr;
-      if (s < n && s != me && i < rc.count[s] * row_lanes) {
-        src[s] = area(g, g.regions[me], c.slot, 0, s) + i;
-        pending |= 1u << s;
-      }
-    }
-    const uint32_t received = pending;
-    get_packets(src, pending, c.flag, data, g, dl, kAllGatherV, 0);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      int64_t o = rc.offset[s] * row_lanes + i;
-      if (((received >> s) & 1u) && o < out_lanes) out[o] = data[s];
+      int64_t o = rc.offset[s] * io.row_lanes + i;
+      if (((received >> s) & 1u) && o < io.out_lanes()) out[o] = data[s];
     }
   }
-  end_call(g, c, dl, kAllGatherV);
+  end_call(cx);
 }
 
 }  // namespace hc
@@ -52,16 +35,14 @@ __global__ void __launch_bounds__(kThreads)
 using namespace hc;
 
 // sizes_device: int32[nranks] on the device, or null to use sizes_host.
-// in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of 16.
-extern "C" int hc_all_gather_v(const GroupArgs* g, const void* in, void* out, const int32_t* sizes_device,
+// in_rows / out_rows: rows the buffers hold (capacity); row_bytes must be a multiple of kRowAlignBytes.
+// dtype: a DType code, or kOtherDType (rows are moved as bytes; the code is only compared across ranks).
+extern "C" int hc_all_gather_v(const GroupArgs* g, int dtype, const void* in, void* out, const int32_t* sizes_device,
                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
                                int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16) return (int)cudaErrorInvalidValue;
-  SizesArg sizes{sizes_device, {}};
-  for (int i = 0; i < g->nranks && !sizes_device; ++i) sizes.host[i] = sizes_host[i];
-  const int64_t row_lanes = row_bytes / 8;
-  const int blocks = blocks_for(out_rows * row_lanes, *g);
-  all_gather_v_push<<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, sizes, row_lanes,
-                                                     in_rows, out_rows);
+  if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
+  all_gather_v_push<<<blocks_for(out_rows * io.row_lanes, *g), kThreads, 0, stream>>>(*g, dtype, (const uint2*)in,
+                                                                                     (uint2*)out, io);
   return launch_status();
 }

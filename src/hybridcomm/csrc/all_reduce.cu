@@ -6,90 +6,57 @@
 //   it; phase 2 pushes the summed chunk to every peer. Two hops, but only ~2 x message
 //   bytes leave every GPU. The thread that sums lane i of the chunk is the one that pushes
 //   it, so no block ever waits for another block of its own kernel.
-// two-shot bulk: the same on plain stores and per-block flags (protocol.cuh), for sizes
+// two-shot bulk: the same on plain stores and per-block flags (bulk.cuh), for sizes
 //   where LL's doubled bytes cost more than the extra flag round trip.
 #include "launch.cuh"
 
 namespace hc {
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_one_shot(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, int64_t lanes) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const int n = g.nranks;
+__device__ __forceinline__ void all_reduce_one_shot(const CallCtx& cx, const uint2* __restrict__ in,
+                                                    uint2* __restrict__ out, int64_t lanes) {
+  for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) push_to_peers(cx, cx.everyone(), 0, i, in[i]);
   for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) {
-    uint2 v = in[i];
-    for (int k = 1; k < n; ++k) {
-      int peer = (g.me + k) % n;  // staggered so that peers are not all hit at once
-      put_packet(area(g, g.regions[peer], c.slot, 0, g.me) + i, v, c.flag);
-    }
+    out[i] = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, in[i]);
   }
-  for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) {
-    out[i] = reduce_sources<T>(g, c, dl, kAllReduce, 0, n, g.me, 0, i, in[i]);
-  }
-  end_call(g, c, dl, kAllReduce);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_two_shot(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, int64_t lanes) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const int n = g.nranks, me = g.me;
+__device__ __forceinline__ void all_reduce_two_shot(const CallCtx& cx, const uint2* __restrict__ in,
+                                                    uint2* __restrict__ out, int64_t lanes) {
+  const int n = cx.g.nranks, me = cx.g.me;
   const int64_t longest = (lanes + n - 1) / n;
+  auto chunk_len = [&](int j) { return chunk_begin(lanes, j + 1, n) - chunk_begin(lanes, j, n); };
   // Phase 1: lane i of chunk j goes to rank j.
   for (int64_t i = grid_thread(); i < longest; i += grid_threads()) {
-    for (int k = 1; k < n; ++k) {
-      int peer = (me + k) % n;
-      int64_t begin = chunk_begin(lanes, peer, n), len = chunk_begin(lanes, peer + 1, n) - begin;
-      if (i < len) put_packet(area(g, g.regions[peer], c.slot, 0, me) + i, in[begin + i], c.flag);
-    }
+    cx.everyone().for_each_other([&](int peer) {
+      if (i < chunk_len(peer)) put_lane(cx, peer, 0, i, in[chunk_begin(lanes, peer, n) + i]);
+    });
   }
   const int64_t mine = chunk_begin(lanes, me, n), my_len = chunk_begin(lanes, me + 1, n) - mine;
   for (int64_t i = grid_thread(); i < longest; i += grid_threads()) {
     if (i < my_len) {
-      uint2 r = reduce_sources<T>(g, c, dl, kAllReduce, 0, n, me, 0, i, in[mine + i]);
+      uint2 r = reduce_sources<T>(cx, 0, n, me, 0, i, in[mine + i]);
       out[mine + i] = r;
-      for (int k = 1; k < n; ++k) {
-        int peer = (me + k) % n;
-        put_packet(area(g, g.regions[peer], c.slot, 1, me) + i, r, c.flag);
-      }
+      push_to_peers(cx, cx.everyone(), 1, i, r);
     }
     // Phase 2: the summed lane i of every other chunk.
-    const uint4* src[kMaxRanks];
     uint2 data[kMaxRanks];
-    uint32_t pending = 0;
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      src[s] = nullptr;
-      if (s < n && s != me && i < chunk_begin(lanes, s + 1, n) - chunk_begin(lanes, s, n)) {
-        src[s] = area(g, g.regions[me], c.slot, 1, s) + i;
-        pending |= 1u << s;
-      }
-    }
-    const uint32_t received = pending;
-    get_packets(src, pending, c.flag, data, g, dl, kAllReduce, 0);
+    const uint32_t received = wait_sources(cx, 1, n, 0, i, [&](int s) { return s != me && i < chunk_len(s); }, data);
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
       if ((received >> s) & 1u) out[chunk_begin(lanes, s, n) + i] = data[s];
     }
   }
-  end_call(g, c, dl, kAllReduce);
 }
 
 // Two-shot on the bulk protocol: the same two phases, 16-byte units, half the bytes of LL.
 // Block b owns units [b * per_block, (b + 1) * per_block) of every chunk, in both phases, so
 // it only ever waits for the same block of its peers.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    all_reduce_two_shot_bulk(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const int n = g.nranks, me = g.me;
+__device__ __forceinline__ void all_reduce_two_shot_bulk(const CallCtx& cx, const uint4* __restrict__ in,
+                                                         uint4* __restrict__ out, int64_t units) {
+  const int n = cx.g.nranks, me = cx.g.me;
   const int64_t longest = (units + n - 1) / n;
   const int64_t per_block = (longest + gridDim.x - 1) / gridDim.x;
   const int64_t lo = blockIdx.x * per_block, hi = min(lo + per_block, longest);
@@ -98,15 +65,14 @@ __global__ void __launch_bounds__(kThreads)
     len = chunk_begin(units, j + 1, n) - begin;
   };
   // Phase 1: my input's chunk j goes to rank j.
-  for (int k = 1; k < n; ++k) {
-    const int peer = (me + k) % n;
+  cx.everyone().for_each_other([&](int peer) {
     int64_t begin, len;
     chunk(peer, begin, len);
-    uint4* dst = area(g, g.regions[peer], c.slot, 0, me);
+    uint4* dst = cx.outbox(peer, 0);
     for (int64_t u = lo + threadIdx.x; u < min(hi, len); u += blockDim.x) dst[u] = in[begin + u];
-  }
-  signal_block(g, c, 0);
-  wait_block(g, c, dl, 0, kAllReduce);
+  });
+  signal_block(cx, 0);
+  wait_block(cx, 0);
   // Sum my chunk in group order, keep it, push it to every peer.
   int64_t mine, my_len;
   chunk(me, mine, my_len);
@@ -115,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
       if (s < n) {
-        const uint4 v = s == me ? in[mine + u] : take_unit(area(g, g.regions[me], c.slot, 0, s) + u);
+        const uint4 v = s == me ? in[mine + u] : take_unit(cx.inbox(0, s) + u);
         lo_lanes[s] = make_uint2(v.x, v.y);
         hi_lanes[s] = make_uint2(v.z, v.w);
       }
@@ -126,42 +92,61 @@ __global__ void __launch_bounds__(kThreads)
     const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
     const uint4 r = make_uint4(ra.x, ra.y, rb.x, rb.y);
     out[mine + u] = r;
-    for (int k = 1; k < n; ++k) area(g, g.regions[(me + k) % n], c.slot, 1, me)[u] = r;
+    cx.everyone().for_each_other([&](int peer) { cx.outbox(peer, 1)[u] = r; });
   }
-  signal_block(g, c, 1);
-  wait_block(g, c, dl, 1, kAllReduce);
+  signal_block(cx, 1);
+  wait_block(cx, 1);
   // Phase 2: every other chunk, summed by its owner.
-  for (int k = 1; k < n; ++k) {
-    const int src = (me + k) % n;
+  cx.everyone().for_each_other([&](int src) {
     int64_t begin, len;
     chunk(src, begin, len);
-    uint4* from = area(g, g.regions[me], c.slot, 1, src);
+    uint4* from = cx.inbox(1, src);
     for (int64_t u = lo + threadIdx.x; u < min(hi, len); u += blockDim.x) out[begin + u] = take_unit(from + u);
+  });
+}
+
+template <typename T, int kAlgorithm>
+__global__ void __launch_bounds__(kThreads)
+    all_reduce(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
+  CallCtx cx = begin_call(g, kAllReduce);
+  arrive(cx, make_fingerprint(kAllReduce, Lane<T>::kDType, kAlgorithm, 0, 0, (uint64_t)units * 16));
+  if constexpr (kAlgorithm == kAllReduceOneShot) {
+    all_reduce_one_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
+  } else if constexpr (kAlgorithm == kAllReduceTwoShot) {
+    all_reduce_two_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
+  } else {
+    all_reduce_two_shot_bulk<T>(cx, in, out, units);
   }
-  end_call(g, c, dl, kAllReduce);
+  end_call(cx);
 }
 
 }  // namespace hc
 
 using namespace hc;
 
-// algorithm: 0 = one-shot, 1 = two-shot (LL), 2 = two-shot (bulk). nbytes: a multiple of 16.
+// algorithm: an AllReduceAlgorithm (abi.h). nbytes: a multiple of kRowAlignBytes.
 extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const void* in, void* out,
                              int64_t nbytes, cudaStream_t stream) {
-  if (nbytes % 16 || algorithm < 0 || algorithm > 2) return (int)cudaErrorInvalidValue;
+  if (nbytes % kRowAlignBytes || algorithm < kAllReduceOneShot || algorithm > kAllReduceTwoShotBulk)
+    return (int)cudaErrorInvalidValue;
   const int64_t lanes = nbytes / 8, units = nbytes / 16;
-  // Bytes each source puts in one area: LL doubles the payload, bulk does not.
-  const int64_t area_use = algorithm == 0 ? lanes * 16 : algorithm == 1 ? (lanes + g->nranks - 1) / g->nranks * 16
-                                                                          : (units + g->nranks - 1) / g->nranks * 16;
-  if (area_use > (int64_t)g->area_bytes) return (int)cudaErrorInvalidValue;
-  const int blocks = blocks_for(algorithm == 0 ? lanes : area_use / 16, *g);
+  // What each source sends one peer per phase, in units of its protocol (LL lanes, bulk units).
+  const bool bulk = algorithm == kAllReduceTwoShotBulk;
+  const int64_t per_peer = algorithm == kAllReduceOneShot ? lanes : bulk ? ceil_div(units, g->nranks)
+                                                                         : ceil_div(lanes, g->nranks);
+  if (!fits_area(per_peer * (bulk ? kBulkUnitBytes : kLLUnitBytes), bulk ? kBulkWireFactor : kLLWireFactor,
+                 g->area_bytes))
+    return (int)cudaErrorInvalidValue;
+  const int blocks = blocks_for(per_peer, *g);
+  const auto* x = (const uint4*)in;
+  auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
-    if (algorithm == 0)
-      all_reduce_one_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, lanes);
-    else if (algorithm == 1)
-      all_reduce_two_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint2*)in, (uint2*)out, lanes);
+    if (algorithm == kAllReduceOneShot)
+      all_reduce<Elem, kAllReduceOneShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
+    else if (algorithm == kAllReduceTwoShot)
+      all_reduce<Elem, kAllReduceTwoShot><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
     else
-      all_reduce_two_shot_bulk<Elem><<<blocks, kThreads, 0, stream>>>(*g, (const uint4*)in, (uint4*)out, units);
+      all_reduce<Elem, kAllReduceTwoShotBulk><<<blocks, kThreads, 0, stream>>>(*g, x, y, units);
   });
   return launch_status();
 }

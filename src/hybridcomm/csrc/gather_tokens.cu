@@ -18,79 +18,44 @@
 
 namespace hc {
 
-struct TokenShape {
-  int tp, dp, d, t;  // attention TP size, DP size, and my coordinates
-  RowCounts rc;      // rows per DP group
-  int64_t row_lanes;
-};
-
-__device__ __forceinline__ TokenShape token_shape(const GroupArgs& g, int tp, const SizesArg& sizes,
-                                                  int64_t row_lanes, int op) {
-  return TokenShape{tp, g.nranks / tp, g.me / tp, g.me % tp,
-                    load_counts_checked(g, sizes, g.nranks / tp, row_lanes, op), row_lanes};
-}
-
-// DP group of output lane o (lanes of all groups back to back).
-__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) {
-  int d = 0;
-  while (d + 1 < s.dp && s.rc.offset[d + 1] * s.row_lanes <= o) ++d;
-  return d;
-}
-
-// Rank holding chunk lane i of group d after a chunked phase.
-__device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
-  return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count[d], s.tp);
-}
-
-__device__ __forceinline__ void check_local_bounds(const GroupArgs& g, const TokenShape& s, int64_t in_rows,
-                                                   int64_t out_rows, int op) {
-  check_buffers(g, s.rc.count[s.d] > in_rows || s.rc.offset[s.dp] > out_rows, op);
-}
-
-// Push lanes [begin, end) of my input to every rank outside my DP group (and to my tp peers
-// too when `with_tp_peers`), into their area `phase` under my index.
-__device__ __forceinline__ void push_lanes(const GroupArgs& g, const Call& c, const TokenShape& s, int phase,
-                                           bool with_tp_peers, int64_t i, uint2 v) {
-  for (int k = 1; k < g.nranks; ++k) {
-    int peer = (g.me + k) % g.nranks;
-    if (with_tp_peers || peer / s.tp != s.d) put_packet(area(g, g.regions[peer], c.slot, phase, g.me) + i, v, c.flag);
-  }
+// Lane i to every rank outside my DP group (and to my tp peers too when `with_tp_peers`),
+// into their area `phase` under my index.
+__device__ __forceinline__ void push_lanes(const CallCtx& cx, const TokenShape& s, int phase, bool with_tp_peers,
+                                           int64_t i, uint2 v) {
+  cx.everyone().for_each_other([&](int peer) {
+    if (with_tp_peers || peer / s.tp != s.d) put_lane(cx, peer, phase, i, v);
+  });
 }
 
 // Every lane of other groups that arrives chunked (one holder per row) in area `phase`.
 // One output lane per thread: measured faster than polling every group's holder at once
 // (more threads in flight beat more loads per thread at decode sizes).
-__device__ __forceinline__ void receive_chunked(const GroupArgs& g, const Call& c, const Deadline& dl,
-                                                const TokenShape& s, int phase, bool skip_mine,
-                                                uint2* __restrict__ out, int64_t out_lanes, int op) {
+__device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenShape& s, int phase, bool skip_mine,
+                                                uint2* __restrict__ out, int64_t out_lanes) {
   const int64_t total = s.rc.offset[s.dp] * s.row_lanes;
   for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
     const int d = group_of_lane(s, o);
     if (skip_mine && d == s.d) continue;
     const int64_t i = o - s.rc.offset[d] * s.row_lanes;
     const int holder = chunk_holder(s, d, i);
-    if (holder == g.me) continue;
-    uint2 v = get_packet(area(g, g.regions[g.me], c.slot, phase, holder) + i, c.flag, g, dl, op, holder);
+    if (holder == cx.g.me) continue;
+    uint2 v = wait_lane(cx, phase, holder, i);
     if (o < out_lanes) out[o] = v;
   }
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_one_shot(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
-                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
-  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenShape& s, int partial,
+                                                const uint2* __restrict__ in, uint2* __restrict__ out,
+                                                const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t my_lanes = s.rc.count[s.d] * row_lanes;
   // Partial rows go to everyone; replicated rows only as my chunk, and only outside my group.
   const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count[s.d], s.t, tp) * row_lanes;
   const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count[s.d], s.t + 1, tp) * row_lanes;
   for (int64_t i = send_begin + grid_thread(); i < send_end; i += grid_threads()) {
-    push_lanes(g, c, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+    push_lanes(cx, s, 0, partial, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   if (partial) {
     const int64_t total = s.rc.offset[s.dp] * row_lanes;
@@ -98,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
       const int d = group_of_lane(s, o);
       const int64_t i = o - s.rc.offset[d] * row_lanes;
       const uint2 local = d == s.d && i < in_lanes ? in[i] : make_uint2(0, 0);
-      uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
+      uint2 r = reduce_sources<T>(cx, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
       if (o < out_lanes) out[o] = r;
     }
   } else {
@@ -106,39 +71,32 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
       if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? in[i] : make_uint2(0, 0);
     }
-    receive_chunked(g, c, dl, s, 0, true, out, out_lanes, kGatherTokens);
+    receive_chunked(cx, s, 0, true, out, out_lanes);
   }
-  end_call(g, c, dl, kGatherTokens);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_two_shot(GroupArgs g, int tp, const uint2* __restrict__ in, uint2* __restrict__ out,
-                           SizesArg sizes, int64_t row_lanes, int64_t in_rows, int64_t out_rows) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
-  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+                                                uint2* __restrict__ out, const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: lane i of chunk t' goes to tp peer t'.
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
-    if (holder != g.me) put_packet(area(g, g.regions[holder], c.slot, 0, g.me) + i, i < in_lanes ? in[i] : make_uint2(0, 0), c.flag);
+    if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
   for (int64_t i = begin + grid_thread(); i < end; i += grid_threads()) {
     const uint2 local = i < in_lanes ? in[i] : make_uint2(0, 0);
-    uint2 r = reduce_sources<T>(g, c, dl, kGatherTokens, 0, tp, s.t, s.d * tp, i, local);
+    uint2 r = reduce_sources<T>(cx, 0, tp, s.t, s.d * tp, i, local);
     if (mine + i < out_lanes) out[mine + i] = r;
-    push_lanes(g, c, s, 1, true, i, r);
+    push_lanes(cx, s, 1, true, i, r);
   }
   // Phase 2: every chunk summed elsewhere.
-  receive_chunked(g, c, dl, s, 1, false, out, out_lanes, kGatherTokens);
-  end_call(g, c, dl, kGatherTokens);
+  receive_chunked(cx, s, 1, false, out, out_lanes);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -160,26 +118,17 @@ __device__ __forceinline__ float block_sum(float v, float* warp_sums) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    gather_tokens_fused(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
-                        const uint2* __restrict__ residual, const uint2* __restrict__ weight,
-                        uint2* __restrict__ residual_out, float eps, SizesArg sizes, int64_t row_lanes,
-                        int64_t in_rows, int64_t out_rows) {
-  const Call c = begin_call(g);
-  const Deadline dl(g);
-  arrive(g, c);
-  const TokenShape s = token_shape(g, tp, sizes, row_lanes, kGatherTokens);
-  check_local_bounds(g, s, in_rows, out_rows, kGatherTokens);
-  const int64_t in_lanes = in_rows * row_lanes, out_lanes = out_rows * row_lanes;
+__device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape& s, int partial,
+                                             const uint2* __restrict__ in, uint2* __restrict__ out,
+                                             const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                                             uint2* __restrict__ residual_out, float eps, const RowsArg& io) {
+  const int tp = s.tp;
+  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: partial rows to my tp peers.
   if (partial) {
     for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
-      const uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
-      for (int k = 1; k < tp; ++k) {
-        const int peer = s.d * tp + (s.t + k) % tp;
-        put_packet(area(g, g.regions[peer], c.slot, 0, g.me) + i, v, c.flag);
-      }
+      push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
     }
   }
   // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
@@ -188,14 +137,14 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_hidden = 1.0f / (float)(row_lanes * Lane<T>::kN);
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const bool in_bounds = r < in_rows;
+    const bool in_bounds = r < io.in_rows;
     float sumsq = 0.f;
     for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;
       const uint2 local = in_bounds ? in[i] : make_uint2(0, 0);
       // fp32 sum in tp order; the residual is added before the single rounding (norm.py).
       float acc[4], res[4];
-      sum_sources<T>(g, c, dl, kGatherTokens, 0, partial ? tp : 1, partial ? s.t : 0, s.d * tp, i, local, acc);
+      sum_sources<T>(cx, 0, partial ? tp : 1, partial ? s.t : 0, s.d * tp, i, local, acc);
       Lane<T>::unpack(in_bounds ? residual[i] : make_uint2(0, 0), res);
 #pragma unroll
       for (int k = 0; k < Lane<T>::kN; ++k) acc[k] += res[k];
@@ -216,43 +165,64 @@ __global__ void __launch_bounds__(kThreads)
       for (int k = 0; k < Lane<T>::kN; ++k) v[k] = v[k] * scale * w[k];
       const uint2 normed = Lane<T>::pack(v);
       if (mine + i < out_lanes) out[mine + i] = normed;
-      if (my_chunk) push_lanes(g, c, s, 1, false, i, normed);
+      if (my_chunk) push_lanes(cx, s, 1, false, i, normed);
     }
   }
   // Phase 2: other groups' normed rows, each from the tp rank whose chunk holds it.
-  receive_chunked(g, c, dl, s, 1, true, out, out_lanes, kGatherTokens);
-  end_call(g, c, dl, kGatherTokens);
+  receive_chunked(cx, s, 1, true, out, out_lanes);
+}
+
+template <typename T, int kAlgorithm>
+__global__ void __launch_bounds__(kThreads)
+    gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
+                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                  uint2* __restrict__ residual_out, float eps, RowsArg io) {
+  CallCtx cx = begin_call(g, kGatherTokens);
+  const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
+  check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
+  arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
+                              (uint64_t)io.row_lanes * 8));
+  if constexpr (kAlgorithm == kGatherTokensOneShot) {
+    gather_one_shot<T>(cx, s, partial, in, out, io);
+  } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
+    gather_two_shot<T>(cx, s, in, out, io);
+  } else {
+    gather_fused<T>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
+  }
+  end_call(cx);
 }
 
 }  // namespace hc
 
 using namespace hc;
 
-// algorithm: 0 = one-shot, 1 = two-shot (partial only), 2 = fused residual + RMSNorm.
+// algorithm: a GatherTokensAlgorithm (abi.h); two-shot takes partial rows only; fused adds the
+// residual and applies RMSNorm.
 // in_rows: rows `in` holds (capacity); out_rows: rows `out` holds. residual, weight,
-// residual_out are used by algorithm 2 only (residual / residual_out hold in_rows rows).
+// residual_out are read by the fused algorithm only (residual / residual_out hold in_rows rows).
 extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, int partial,
                                 const void* in, void* out, const void* residual, const void* weight,
                                 void* residual_out, float eps, const int32_t* sizes_device,
                                 const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
                                 int64_t out_rows, cudaStream_t stream) {
-  if (row_bytes % 16 || tp < 1 || g->nranks % tp || (algorithm == 1 && !partial))
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
     return (int)cudaErrorInvalidValue;
-  SizesArg sizes{sizes_device, {}};
-  for (int i = 0; i < g->nranks / tp && !sizes_device; ++i) sizes.host[i] = sizes_host[i];
-  const int64_t row_lanes = row_bytes / 8;
-  const int blocks = blocks_for(out_rows * row_lanes, *g);
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const int blocks = blocks_for(out_rows * io.row_lanes, *g);
+  const auto* x = (const uint2*)in;
+  auto* y = (uint2*)out;
+  const auto *res = (const uint2*)residual, *w = (const uint2*)weight;
+  auto* res_out = (uint2*)residual_out;
   HC_DISPATCH_DTYPE(dtype, {
-    if (algorithm == 0)
-      gather_tokens_one_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, (const uint2*)in, (uint2*)out,
-                                                                    sizes, row_lanes, in_rows, out_rows);
-    else if (algorithm == 1)
-      gather_tokens_two_shot<Elem><<<blocks, kThreads, 0, stream>>>(*g, tp, (const uint2*)in, (uint2*)out, sizes,
-                                                                    row_lanes, in_rows, out_rows);
+    if (algorithm == kGatherTokensOneShot)
+      gather_tokens<Elem, kGatherTokensOneShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                                 res_out, eps, io);
+    else if (algorithm == kGatherTokensTwoShot)
+      gather_tokens<Elem, kGatherTokensTwoShot><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                                 res_out, eps, io);
     else
-      gather_tokens_fused<Elem><<<blocks, kThreads, 0, stream>>>(
-          *g, tp, partial, (const uint2*)in, (uint2*)out, (const uint2*)residual, (const uint2*)weight,
-          (uint2*)residual_out, eps, sizes, row_lanes, in_rows, out_rows);
+      gather_tokens<Elem, kGatherTokensFused><<<blocks, kThreads, 0, stream>>>(*g, tp, partial, x, y, res, w,
+                                                                               res_out, eps, io);
   });
   return launch_status();
 }

@@ -3,7 +3,9 @@
 
 #include <cuda_runtime.h>
 
-#include "protocol.cuh"
+#include "bulk.cuh"
+#include "lanes.cuh"
+#include "rows.cuh"
 
 namespace hc {
 
@@ -16,6 +18,17 @@ inline int blocks_for(int64_t work, const GroupArgs& g) {
   if (b > g.max_blocks) b = g.max_blocks;
   return (int)b;
 }
+
+// A row kernel's geometry from a launcher's arguments. Counts: a device array (graph replays
+// with new counts), or the first n host values inline.
+inline RowsArg rows_arg(const int32_t* sizes_device, const int32_t* sizes_host, int n, int64_t row_bytes,
+                        int64_t in_rows, int64_t out_rows) {
+  RowsArg io{{sizes_device, {}}, row_bytes / 8, in_rows, out_rows};
+  for (int i = 0; i < n && !sizes_device; ++i) io.sizes.host[i] = sizes_host[i];
+  return io;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Launch errors come back as the cudaError_t value (0 = success).
 inline int launch_status() { return (int)cudaGetLastError(); }

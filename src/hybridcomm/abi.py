@@ -1,0 +1,168 @@
+"""Python's mirror of the kernel library's C ABI, csrc/abi.h: limits, codes, the error word,
+the GroupArgs struct and the launchers' signatures. Nothing else in Python spells these.
+
+tests/test_build.py compiles a probe that prints every constant and enum value of abi.h and
+compares each with C_NAMES below (and the struct offsets with GroupArgs), so a change on
+one side that is not made on the other fails CI. See docs/architecture.md ("The ABI").
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+# -- limits -----------------------------------------------------------------------------------
+MAX_RANKS = 8
+THREADS = 512
+MAX_BLOCKS = 256
+ARRIVAL_BYTES = 2 * MAX_RANKS * 16  # one LL arrival packet per (slot, source)
+FLAG_BYTES = ARRIVAL_BYTES + 2 * MAX_RANKS * MAX_BLOCKS * 4
+STATE_WORDS = 4
+ROW_ALIGN_BYTES = 16  # rows (and all_reduce messages) are a multiple of this
+
+# -- protocols: payload bytes per unit, and area bytes per payload byte -----------------------
+LL_UNIT_BYTES, LL_WIRE_FACTOR = 8, 2
+BULK_UNIT_BYTES, BULK_WIRE_FACTOR = 16, 1
+
+
+# -- codes --------------------------------------------------------------------------------------
+class OpCode(IntEnum):
+    ALL_REDUCE = 1
+    ALL_GATHER_V = 2
+    REDUCE_SCATTER_V = 3
+    GATHER_TOKENS = 4
+    SCATTER_TOKENS = 5
+
+
+class DType(IntEnum):
+    FLOAT32 = 0
+    FLOAT16 = 1
+    BFLOAT16 = 2
+
+
+DTYPE_CODE = {torch.float32: DType.FLOAT32, torch.float16: DType.FLOAT16, torch.bfloat16: DType.BFLOAT16}
+
+
+class AllReduceAlgorithm(IntEnum):
+    ONE_SHOT = 0
+    TWO_SHOT = 1
+    TWO_SHOT_BULK = 2
+
+
+class GatherTokensAlgorithm(IntEnum):
+    ONE_SHOT = 0
+    TWO_SHOT = 1
+    FUSED = 2
+
+
+class ScatterTokensAlgorithm(IntEnum):
+    ONE_SHOT = 0
+    TWO_SHOT = 1
+
+
+class ErrorCode(IntEnum):
+    OK = 0
+    TIMEOUT = 1
+    CAPACITY = 2
+    ARGUMENT_MISMATCH = 3
+
+
+# -- the error word: code | op << 8 | group << 16 | peer's global rank << 24 | detail << 40 ----
+ERROR_OP_SHIFT, ERROR_GROUP_SHIFT, ERROR_PEER_SHIFT, ERROR_DETAIL_SHIFT = 8, 16, 24, 40
+ERROR_FIELD_MASK, ERROR_PEER_MASK = 0xFF, 0xFFFF
+
+
+class CallField(IntEnum):
+    """The part of a call's fingerprint that differs (the detail of ARGUMENT_MISMATCH)."""
+
+    OP = 1
+    DTYPE = 2
+    ALGORITHM = 3
+    VARIANT = 4  # attn_tp / partial of a token transition
+    COUNTS = 5
+    WIDTH = 6  # row bytes (all_reduce: message bytes)
+
+
+# The fingerprint's layout (csrc/abi.h make_fingerprint; only the device builds fingerprints).
+FINGERPRINT_OP_SHIFT, FINGERPRINT_DTYPE_SHIFT, FINGERPRINT_ALGORITHM_SHIFT = 60, 56, 52
+FINGERPRINT_VARIANT_SHIFT, FINGERPRINT_COUNTS_SHIFT = 48, 32
+OTHER_DTYPE = 15  # a dtype the kernels do not reduce (all_gather_v moves any)
+
+
+@dataclass(frozen=True)
+class RecordedError:
+    code: int  # an ErrorCode (an int if the kernel library is newer than this mirror)
+    op: int  # an OpCode
+    group: int  # index into layout.GROUP_NAMES
+    peer: int  # global rank the error is about
+    detail: int = 0  # ARGUMENT_MISMATCH: the CallField that differs
+
+
+def decode_error(word: int) -> RecordedError:
+    code = word & ERROR_FIELD_MASK
+    return RecordedError(ErrorCode(code) if code in ErrorCode._value2member_map_ else code,
+                         (word >> ERROR_OP_SHIFT) & ERROR_FIELD_MASK,
+                         (word >> ERROR_GROUP_SHIFT) & ERROR_FIELD_MASK,
+                         (word >> ERROR_PEER_SHIFT) & ERROR_PEER_MASK,
+                         (word >> ERROR_DETAIL_SHIFT) & ERROR_FIELD_MASK)
+
+
+def _c_enum(prefix: str, enum: type[IntEnum], spelled: dict[str, str] | None = None) -> dict[str, int]:
+    """C names of an enum's members: AllReduceAlgorithm.TWO_SHOT_BULK -> kAllReduceTwoShotBulk
+    (`spelled`: member name -> its C spelling where capitalising words is not it)."""
+    spelled = spelled or {}
+    return {"k" + prefix + spelled.get(m.name, "".join(w.capitalize() for w in m.name.split("_"))): int(m)
+            for m in enum}
+
+
+# Every constant and enum value of abi.h, by its C name (the build test probes each).
+C_NAMES: dict[str, int] = {
+    "kMaxRanks": MAX_RANKS, "kThreads": THREADS, "kMaxBlocks": MAX_BLOCKS, "kArrivalBytes": ARRIVAL_BYTES,
+    "kFlagBytes": FLAG_BYTES, "kStateWords": STATE_WORDS, "kRowAlignBytes": ROW_ALIGN_BYTES,
+    "kLLUnitBytes": LL_UNIT_BYTES, "kLLWireFactor": LL_WIRE_FACTOR,
+    "kBulkUnitBytes": BULK_UNIT_BYTES, "kBulkWireFactor": BULK_WIRE_FACTOR,
+    **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
+    **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
+    **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
+    "kErrorOpShift": ERROR_OP_SHIFT, "kErrorGroupShift": ERROR_GROUP_SHIFT, "kErrorPeerShift": ERROR_PEER_SHIFT,
+    "kErrorDetailShift": ERROR_DETAIL_SHIFT, "kErrorFieldMask": ERROR_FIELD_MASK, "kErrorPeerMask": ERROR_PEER_MASK,
+    **_c_enum("Field", CallField, {"DTYPE": "DType"}),
+    "kFingerprintOpShift": FINGERPRINT_OP_SHIFT, "kFingerprintDTypeShift": FINGERPRINT_DTYPE_SHIFT,
+    "kFingerprintAlgorithmShift": FINGERPRINT_ALGORITHM_SHIFT, "kFingerprintVariantShift": FINGERPRINT_VARIANT_SHIFT,
+    "kFingerprintCountsShift": FINGERPRINT_COUNTS_SHIFT, "kOtherDType": OTHER_DTYPE,
+    "kCalls": 0, "kBlocksDone": 1, "kAborted": 2,  # GroupState words (device-only; listed for the probe)
+}
+
+
+# -- structs and launchers -------------------------------------------------------------------------
+class GroupArgs(ctypes.Structure):
+    """hc::GroupArgs."""
+
+    _fields_ = [
+        ("nranks", ctypes.c_int),
+        ("me", ctypes.c_int),
+        ("world_ranks", ctypes.c_int * MAX_RANKS),
+        ("regions", ctypes.c_void_p * MAX_RANKS),
+        ("state", ctypes.c_void_p),
+        ("error_word", ctypes.c_void_p),
+        ("error_mirror", ctypes.c_void_p),
+        ("area_bytes", ctypes.c_uint64),
+        ("timeout_ns", ctypes.c_uint64),
+        ("group_id", ctypes.c_int),
+        ("max_blocks", ctypes.c_int),
+    ]
+
+
+_P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+_G = ctypes.POINTER(GroupArgs)
+# extern "C" launchers: argument types (each returns int, a cudaError_t value).
+SIGNATURES = {
+    "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _P],
+    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
+    "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+}

@@ -1,0 +1,55 @@
+// The bulk protocol: plain stores, then one release flag per block.
+//
+// For large messages, where LL's 2x bytes cost more than a flag round trip. A block writes
+// its share to a peer with ordinary 16-byte stores, then (after a barrier) one thread per
+// peer fences and stores the call's flag into that peer's flag for (phase, me, block). The
+// peer's block waits for the flags of all sources, then reads with L1 bypassed. Flags only
+// grow, so waiting is "flag >= this call's flag".
+//
+// A receiver zeroes the bulk data it consumed: LL packets of a later call land in the same
+// areas, and stale plain data must never look like a packet carrying that call's flag.
+#pragma once
+
+#include "call.cuh"
+
+namespace hc {
+
+__device__ __forceinline__ uint32_t* block_flag(char* region, int phase, int src, int block) {
+  return (uint32_t*)(region + kArrivalBytes) + ((size_t)phase * kMaxRanks + src) * kMaxBlocks + block;
+}
+
+// This block's stores of `phase` are done: release them to every peer.
+__device__ __forceinline__ void signal_block(const CallCtx& cx, int phase) {
+  const GroupArgs& g = cx.g;
+  __syncthreads();  // the block's stores happen before the fence below
+  if (threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    __threadfence_system();
+    uint32_t* f = block_flag(g.regions[threadIdx.x], phase, g.me, blockIdx.x);
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(f), "r"(cx.flag) : "memory");
+  }
+}
+
+// Waits until the same block of every peer has released `phase`.
+__device__ __forceinline__ void wait_block(const CallCtx& cx, int phase) {
+  const GroupArgs& g = cx.g;
+  if (threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    const uint32_t* f = block_flag(g.regions[g.me], phase, threadIdx.x, blockIdx.x);
+    int spins = 0;
+    while (true) {
+      uint32_t v;
+      asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+      if ((int32_t)(v - cx.flag) >= 0) break;
+      if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
+    }
+  }
+  __syncthreads();
+}
+
+// Read a unit a peer wrote (L2, not a possibly stale L1 line), then zero it (see above).
+__device__ __forceinline__ uint4 take_unit(uint4* p) {
+  uint4 v = __ldcg(p);
+  __stcg(p, make_uint4(0, 0, 0, 0));
+  return v;
+}
+
+}  // namespace hc

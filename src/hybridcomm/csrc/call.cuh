@@ -1,0 +1,158 @@
+// The call context: what every kernel sets up once and every device helper needs.
+//
+// Flags are a per-group call counter kept in device memory (GroupState kCalls): every call
+// reads it, uses calls + 1 as its flag, and the last block to finish stores calls + 1. So a
+// CUDA graph replays with fresh flags and never needs host fix-ups. Receive areas rotate
+// over two slots (flag parity); an arrival packet per peer makes sure a fast rank never
+// writes a slot its peer may still read (arrive / end_call).
+//
+// The arrival packet also carries the call's fingerprint (abi.h make_fingerprint): op, dtype,
+// algorithm, row width, row counts. A rank that finds a peer's fingerprint different from its
+// own records kArgumentMismatch (which field, which peer) and stops waiting for that peer, so
+// a call whose ranks disagree finishes, within its buffers, and the host raises
+// ArgumentMismatch. Checked where waits already spin and once in end_call: free when all agree.
+//
+// Every wait has a deadline. On expiry the waiting thread records (code, op, group, peer)
+// in an error word mirrored to pinned host memory and raises the group's abort flag; every
+// other wait then gives up at once, the kernel finishes, and the host raises PeerTimeout on
+// its next call. See docs/architecture.md ("The kernel protocols").
+#pragma once
+
+#include "abi.h"
+#include "packet.cuh"
+
+namespace hc {
+
+__device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Region layout: [arrival packets][bulk flags][slot 0: area A x n, area B x n][slot 1: same].
+// Source `src`'s arrival packet for calls of slot `slot`.
+__device__ __forceinline__ uint4* arrival_packet(char* region, int slot, int src) {
+  return (uint4*)region + slot * kMaxRanks + src;
+}
+
+// Group members base .. base + count - 1, `self` being my index among them.
+struct Members {
+  int base, count, self;
+
+  // f(member) for every other member, staggered from mine so that peers are not all hit at once.
+  template <typename F>
+  __device__ __forceinline__ void for_each_other(F f) const {
+    for (int k = 1; k < count; ++k) f(base + (self + k) % count);
+  }
+};
+
+// One call of one kernel on one group: made once by begin_call, passed to every helper.
+struct CallCtx {
+  const GroupArgs& g;
+  uint32_t flag;      // this call's flag: completed calls + 1
+  int slot;           // which of the two rotating slots this call uses
+  uint64_t deadline;  // global timer value at which waits give up
+  int op;             // Op code, for error reports
+  uint64_t fingerprint;  // what this call must agree on with its peers (set by arrive)
+
+  __device__ __forceinline__ Members everyone() const { return Members{0, g.nranks, g.me}; }
+
+  // The area where `src` puts its packets for the owner of `region` (A: phase 0, B: phase 1).
+  __device__ __forceinline__ uint4* area(char* region, int phase, int src) const {
+    uint64_t index = ((uint64_t)slot * 2 + phase) * g.nranks + src;
+    return (uint4*)(region + kFlagBytes + index * g.area_bytes);
+  }
+  // My area `phase` that member `src` writes into.
+  __device__ __forceinline__ uint4* inbox(int phase, int src) const { return area(g.regions[g.me], phase, src); }
+  // Member `peer`'s area `phase` that I write into.
+  __device__ __forceinline__ uint4* outbox(int peer, int phase) const { return area(g.regions[peer], phase, g.me); }
+
+  // Records (code, op, group, member's global rank, detail); the first error wins. The CAS is
+  // on device memory (atomics on host memory need PCIe atomics); the winner copies the word
+  // to the host-visible mirror with a plain store.
+  __device__ __forceinline__ void fail(uint32_t code, int member, int detail) const {
+    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member], detail);
+    if (atomicCAS(g.error_word, 0ull, word) == 0ull) {
+      *(volatile unsigned long long*)g.error_mirror = word;
+      __threadfence_system();
+    }
+  }
+
+  __device__ __forceinline__ void fail(uint32_t code, int member) const {
+    fail(code, member, 0);
+    // A timeout ends the group: every other wait gives up at once.
+    if (code == kTimeout) atomicExch(&g.state[kAborted], 1u);
+  }
+
+  // Whether member's arrival packet for this call is here and says its call differs from
+  // mine (recorded, with the first field that differs).
+  __device__ __forceinline__ bool disagrees(int member) const {
+    uint2 theirs;
+    if (!Packet::try_get(arrival_packet(g.regions[g.me], slot, member), flag, theirs)) return false;
+    const int field = first_difference(fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
+    if (field) fail(kArgumentMismatch, member, field);
+    return field != 0;
+  }
+
+  // True when a wait for `member` should stop: the group already aborted, member's call
+  // differs from mine, or time ran out (recorded against member, the peer being waited for).
+  __device__ __forceinline__ bool give_up(int member) const {
+    if (*(volatile uint32_t*)&g.state[kAborted]) return true;
+    if (disagrees(member)) return true;
+    if (global_timer_ns() < deadline) return false;
+    fail(kTimeout, member);
+    return true;
+  }
+};
+
+// Every kernel starts here; it must call arrive() before its first wait.
+__device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
+  const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
+  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op, 0};  // read in this order
+}
+
+// Block 0 tells every peer "I have started call `flag`" (hence finished reading call flag - 1)
+// and what the call is. Peers start with the same slot pattern, and a peer is at most one call
+// ahead (its end_call waited for my arrival), so my packet for this slot is read before I
+// overwrite it two calls later.
+__device__ __forceinline__ void arrive(CallCtx& cx, uint64_t fingerprint) {
+  const GroupArgs& g = cx.g;
+  cx.fingerprint = fingerprint;
+  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
+                make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);
+  }
+}
+
+// Block 0 waits until every peer has started this call, and checks that it is the same call.
+__device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
+  const GroupArgs& g = cx.g;
+  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
+    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, threadIdx.x);
+    uint2 theirs;
+    int spins = 0;
+    while (!Packet::try_get(src, cx.flag, theirs)) {
+      if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
+    }
+    cx.disagrees(threadIdx.x);
+  }
+}
+
+// Every kernel ends here; the last block to finish publishes the call as completed.
+__device__ __forceinline__ void end_call(const CallCtx& cx) {
+  const GroupArgs& g = cx.g;
+  wait_arrivals(cx);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t before = atomicAdd(&g.state[kBlocksDone], 1u);
+    if (before == gridDim.x - 1) {
+      g.state[kBlocksDone] = 0;
+      *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
+    }
+  }
+}
+
+}  // namespace hc

@@ -1,0 +1,61 @@
+// Moving lanes with LL packets: push to peers, wait for one or several sources. Waits give up
+// on the call's deadline, on the group's abort flag, and on a peer whose call disagrees with
+// mine (CallCtx::give_up), so a wait never outlives a broken call.
+#pragma once
+
+#include "call.cuh"
+
+namespace hc {
+
+// Lane i of my payload to member `peer`'s area `phase`.
+__device__ __forceinline__ void put_lane(const CallCtx& cx, int peer, int phase, int64_t i, uint2 v) {
+  Packet::put(cx.outbox(peer, phase) + i, v, cx.flag);
+}
+
+// Lane i, the same value, to every other member of `to`.
+__device__ __forceinline__ void push_to_peers(const CallCtx& cx, const Members& to, int phase, int64_t i, uint2 v) {
+  to.for_each_other([&](int peer) { put_lane(cx, peer, phase, i, v); });
+}
+
+// Waits for lane i from member `member` in my area `phase`.
+__device__ __forceinline__ uint2 wait_lane(const CallCtx& cx, int phase, int member, int64_t i) {
+  const uint4* src = cx.inbox(phase, member) + i;
+  uint2 data = make_uint2(0, 0);
+  int spins = 0;
+  while (!Packet::try_get(src, cx.flag, data)) {
+    if ((++spins & 15) == 0 && cx.give_up(member)) break;
+  }
+  return data;
+}
+
+// Waits for lane i from every source s < n with wants(s) (source s is group member
+// member_base + s), polling them all at once: a sequential wait would add one memory latency
+// per source. data[s] is written for the sources waited for; returns their bit mask.
+template <typename Wants>
+__device__ __forceinline__ uint32_t wait_sources(const CallCtx& cx, int phase, int n, int member_base, int64_t i,
+                                                 Wants wants, uint2 (&data)[kMaxRanks]) {
+  const uint4* src[kMaxRanks];
+  uint32_t pending = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    src[s] = nullptr;
+    if (s < n && wants(s)) {
+      src[s] = cx.inbox(phase, member_base + s) + i;
+      pending |= 1u << s;
+    }
+  }
+  const uint32_t waited = pending;
+  int spins = 0;
+  while (pending) {
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      if ((pending >> s) & 1u) {
+        if (Packet::try_get(src[s], cx.flag, data[s])) pending &= ~(1u << s);
+      }
+    }
+    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
+  }
+  return waited;
+}
+
+}  // namespace hc

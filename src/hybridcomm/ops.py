@@ -1,0 +1,120 @@
+"""The op registry: every fact about an op that more than one module needs, in one table.
+
+Per op: its name, its C op code (abi.OpCode), which tensor is its "message" (the size the
+selection table compares), whether the kernel sees it as one flat buffer or as rows, its
+algorithms (each with its launcher code and wire protocol), and which op runs instead when
+an axis of the layout has size 1. Selection (algorithms.py), the nvlink backend's capacity
+check and dispatch, the error decoder, the benchmarks and the CLI read it.
+
+Adding an algorithm or a protocol is adding data here (plus its kernel); adding an op is a
+new OpSpec, its kernel file and its backends' methods: docs/architecture.md ("Adding an op").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import abi
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How payload travels into a peer's receive area."""
+
+    name: str
+    unit_bytes: int  # payload bytes per unit (the granularity of a chunked split)
+    wire_factor: int  # receive-area bytes per payload byte (LL: 2, flag beside the data; bulk: 1)
+
+    def capacity(self, area_bytes: int) -> int:
+        """Payload bytes one receive area holds (the C side: fits_area in abi.h)."""
+        return area_bytes // self.wire_factor
+
+
+LL = Protocol("LL", abi.LL_UNIT_BYTES, abi.LL_WIRE_FACTOR)
+BULK = Protocol("bulk", abi.BULK_UNIT_BYTES, abi.BULK_WIRE_FACTOR)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    code: int | None  # the launcher's `algorithm` argument; None: the launcher has one kernel
+    protocol: Protocol = LL
+    # A flat message cut into one chunk per member (two-shot all_reduce): each peer gets 1/n.
+    chunked: bool = False
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    code: abi.OpCode
+    message: str  # "input" | "output": the tensor whose bytes the selection table compares
+    shape: str  # "flat": any tensor, as bytes | "rows": dim 0 is rows, counted by `sizes`
+    algorithms: tuple[Algorithm, ...]
+    # On the world group (token transitions) rather than a group the caller names.
+    on_world: bool = False
+    # Layout axis of size 1 -> the op that is exactly this op then (and runs instead).
+    reduces_to: dict[str, str] = field(default_factory=dict)
+
+    def algorithm(self, name: str) -> Algorithm:
+        for a in self.algorithms:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.name} has no algorithm {name!r}; it has {[a.name for a in self.algorithms]}")
+
+    def per_peer_bytes(self, algorithm: Algorithm, nbytes: int, members: int) -> int:
+        """Payload one source sends one peer in one phase: of a flat message of `nbytes`, or
+        of rows (nbytes = the largest member's rows x row bytes)."""
+        if not algorithm.chunked:
+            return nbytes
+        unit = algorithm.protocol.unit_bytes
+        return math.ceil(nbytes / unit / members) * unit
+
+
+ONE_SHOT = Algorithm("one_shot", None)
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
+    OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
+        Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
+        Algorithm("two_shot", abi.AllReduceAlgorithm.TWO_SHOT, LL, chunked=True),
+        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True))),
+    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT,)),
+    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT,)),
+    OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
+        Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT),
+        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT)),
+        on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
+    # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
+    OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
+        Algorithm("fused", abi.GatherTokensAlgorithm.FUSED),), on_world=True),
+    OpSpec("scatter_tokens", abi.OpCode.SCATTER_TOKENS, "input", "rows", (
+        Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
+        Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT)),
+        on_world=True, reduces_to={"attn_tp": "reduce_scatter_v"}),
+)}
+
+
+
+def op_name(code: int) -> str:
+    """The op a kernel's error word names (the first registered op with that code)."""
+    for spec in OPS.values():
+        if spec.code == code:
+            return spec.name
+    return f"op {code}"
+
+
+def algorithms_where(predicate) -> dict[str, str]:
+    """op -> the name of its (first) algorithm for which predicate(algorithm) holds."""
+    found = {}
+    for spec in OPS.values():
+        for a in spec.algorithms:
+            if predicate(a):
+                found[spec.name] = a.name
+                break
+    return found
+
+
+def describe() -> str:
+    """One line per op: its algorithms and their protocols (`hybridcomm info`)."""
+    return "\n".join(f"  {s.name:<18} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
+                     + "".join(f"; {axis}=1: {other}" for axis, other in s.reduces_to.items())
+                     for s in OPS.values())
