@@ -51,7 +51,8 @@ def sweep_all_reduce(ranks_per_node: int, sizes: list[int]) -> dict:
     no_symm_mem = SimpleNamespace(buffer=None)  # torch symm_mem needs one host: not a baseline across nodes
     records = []
     for nbytes in sizes:
-        calls = {k: v for k, v in ops._calls("all_reduce", nbytes, comm, symm, no_symm_mem).items() if k in AR_IMPLS}
+        calls = {k: v for k, v in ops._calls("all_reduce", nbytes, comm, {}, symm, no_symm_mem).items()
+                 if k in AR_IMPLS}
         x = torch.randn(nbytes // 2, dtype=ops.DTYPE, device=comm.device)
         for alg in ("one_shot", "two_shot"):
             calls[f"hier_{alg}"] = lambda alg=alg: hier.all_reduce(x, world, alg)
@@ -78,7 +79,7 @@ def sweep_transitions(ranks_per_node: int, layout_names: list[str], tokens: list
             cases.append(("imbalanced", [transitions.IMBALANCED] + [1] * (layout.attn_dp - 1)))
         for label, counts in cases:
             for op in ("gather_tokens", "scatter_tokens"):
-                names, us = _time(transitions._calls(op, counts, comm, symm, plain),
+                names, us = _time(transitions._calls(op, counts, comm, {}, symm, plain),
                                   sum(counts) * transitions.HIDDEN * 2)
                 records += [{"layout": f"{layout.name} ({ranks_per_node}/node)", "op": op, "case": label,
                              "tokens_per_dp": counts, "impl": k, "us": t} for k, t in zip(names, us)]
