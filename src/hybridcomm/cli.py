@@ -293,7 +293,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
                        help="force a backend (nccl and nvlink need --device cuda); default auto")
     check.add_argument("--quick", action="store_true", help="integer data only")
-    check.add_argument("--ranks-per-node", type=int, default=None,
+    check.add_argument("--ranks-per-node", type=ca.positive_int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
     check.add_argument("--table", choices=sorted(NAMED_TABLES), default="auto",
                        help="selection table (hierarchical: our path across nodes at every size)")
@@ -306,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
 
     model = sub.add_parser("model", help="predicted µs across nodes: flat NCCL vs hierarchical (costmodel.py)")
     model.add_argument("--nodes", default="2,4", help="node counts, comma-separated")
-    model.add_argument("--gpus-per-node", type=int, default=8)
+    model.add_argument("--gpus-per-node", type=ca.positive_int, default=8, help="GPUs (ranks) per node (default 8)")
     model.add_argument("--net-gbps", type=float, default=50.0, help="GB/s per GPU and direction (400 Gb/s IB: 50)")
     model.add_argument("--hop-us", type=float, default=5.0, help="µs per network step of a collective")
     model.add_argument("--node-legs", choices=["best", "nccl"], default="best",
@@ -339,8 +339,8 @@ def parser() -> argparse.ArgumentParser:
     tr.set_defaults(fn=cmd_bench_transitions)
 
     nodes = bench.add_parser("nodes", help="across simulated nodes: hierarchical vs flat NCCL (GPUs)")
-    nodes.add_argument("--world", type=int, default=None, help="default: every GPU")
-    nodes.add_argument("--ranks-per-node", type=int, default=None, help="default: world / 2")
+    nodes.add_argument("--world", type=ca.positive_int, default=None, help="default: every GPU")
+    nodes.add_argument("--ranks-per-node", type=ca.positive_int, default=None, help="default: world / 2")
     nodes.add_argument("--layouts", default=None, help="default: dp<W> and dp<W/2>xtp2")
     nodes.add_argument("--tokens", default=None, help="tokens per DP rank (default 1,4,16,64,256,1024)")
     nodes.add_argument("--out", default=None, help="JSON path stem (_all_reduce / _transitions .json/.md/.png)")
