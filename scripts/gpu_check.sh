@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the 4-GPU machine, in one call: build, GPU tests, benchmarks; logs and results under $OUT.
-#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer nodes
-# (default: all). nodes: every GPU as two simulated nodes (ranks_per_node = GPUs / 2).
+#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer quant nodes
+# (default: all but quant: quantized-gather tests and bench quant). nodes: every GPU as two
+# simulated nodes (ranks_per_node = GPUs / 2).
 # NVLink multicast stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,6 +44,9 @@ for stage in $stages; do
       # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
       run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
         --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
+    quant) run quant_test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider \
+             -o faulthandler_timeout=300 tests/test_gpu_quant.py
+           run quant python3 -m hybridcomm bench quant --out "$LOGS/quant_4xH200.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

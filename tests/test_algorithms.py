@@ -63,3 +63,13 @@ def test_transitions_name_the_op_they_are_when_attention_tp_is_1():
     assert ops.OPS["gather_tokens"].reduces_to == {"attn_tp": "all_gather_v"}
     assert ops.OPS["scatter_tokens"].reduces_to == {"attn_tp": "reduce_scatter_v"}
     assert ops.op_name(abi.OpCode.GATHER_TOKENS) == "gather_tokens"
+
+
+def test_every_mismatch_field_the_kernels_report_has_words():
+    from hybridcomm.backends.nvlink import MISMATCH_WORDS
+
+    assert set(MISMATCH_WORDS) == set(abi.CallField)
+    word = (abi.ErrorCode.ARGUMENT_MISMATCH | abi.OpCode.ALL_REDUCE << abi.ERROR_OP_SHIFT
+            | 5 << abi.ERROR_GROUP_SHIFT | 3 << abi.ERROR_PEER_SHIFT | abi.CallField.WIDTH << abi.ERROR_DETAIL_SHIFT)
+    assert abi.decode_error(word) == abi.RecordedError(abi.ErrorCode.ARGUMENT_MISMATCH, abi.OpCode.ALL_REDUCE, 5, 3,
+                                                       abi.CallField.WIDTH)

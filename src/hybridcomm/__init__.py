@@ -7,9 +7,12 @@
 """
 
 from .communicator import Communicator
+from .counts import Counts
 from .errors import ArgumentMismatch, CapacityExceeded, CommunicatorClosed, HybridCommError, PeerTimeout
 from .layout import GROUP_NAMES, Layout, RankCoords
+from .quant import FORMATS as QUANT_FORMATS, QuantizedRows, swizzle_128x4
 
-__all__ = ["Communicator", "Layout", "RankCoords", "GROUP_NAMES", "PeerTimeout",
-           "CapacityExceeded", "HybridCommError", "ArgumentMismatch", "CommunicatorClosed"]
+__all__ = ["Communicator", "Counts", "Layout", "RankCoords", "GROUP_NAMES", "PeerTimeout",
+           "CapacityExceeded", "HybridCommError", "ArgumentMismatch", "CommunicatorClosed", "QuantizedRows",
+           "QUANT_FORMATS", "swizzle_128x4"]
 __version__ = "0.1.0"

@@ -63,6 +63,15 @@ class ScatterTokensAlgorithm(IntEnum):
     TWO_SHOT = 1
 
 
+class QuantFormat(IntEnum):
+    FP8 = 0
+    FP8_BLOCK128 = 1
+    NVFP4 = 2
+
+
+MAX_QUANT_HIDDEN = 11264  # quantized gathers stage a row in 48 KiB of shared memory
+
+
 class ErrorCode(IntEnum):
     OK = 0
     TIMEOUT = 1
@@ -127,6 +136,7 @@ C_NAMES: dict[str, int] = {
     **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
+    **_c_enum("Quant", QuantFormat), "kMaxQuantHidden": MAX_QUANT_HIDDEN,
     "kErrorOpShift": ERROR_OP_SHIFT, "kErrorGroupShift": ERROR_GROUP_SHIFT, "kErrorPeerShift": ERROR_PEER_SHIFT,
     "kErrorDetailShift": ERROR_DETAIL_SHIFT, "kErrorFieldMask": ERROR_FIELD_MASK, "kErrorPeerMask": ERROR_PEER_MASK,
     **_c_enum("Field", CallField, {"DTYPE": "DType"}),
@@ -165,4 +175,5 @@ SIGNATURES = {
     "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
     "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P],
 }

@@ -67,6 +67,16 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(16 * MiB, "nvlink", "fused"),
         Rule(None, "nccl", "nccl"),
     ),
+    # Quantized gathers (hybridcomm.quant, csrc/quant_gather.cu); message = the gathered bytes
+    # (data + scales). Not yet measured: the limit is the all_gather_v one-shot's.
+    "all_gather_v_quant": (
+        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "gather_tokens_quant": (
+        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(None, "nccl", "nccl"),
+    ),
     # Message = the world-partial input (all tokens).
     "scatter_tokens": (
         Rule(512 * KiB, "nvlink", "one_shot"),

@@ -74,6 +74,8 @@ def parse_sizes(sizes: object, count: int, device: torch.device, arg: str) -> Si
         if not sizes.is_contiguous():
             raise ValueError(f"{arg}: a sizes tensor must be contiguous")
         return Sizes(count, device=sizes)
+    if type(sizes) in (list, tuple) and len(sizes) == count and all(type(v) is int and v >= 0 for v in sizes):
+        return Sizes(count, host=tuple(sizes))  # the common case, without per-element messages
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
         raise TypeError(f"{arg}: expected a sequence of ints or an int32 tensor, "
                         f"got {type(sizes).__name__}")

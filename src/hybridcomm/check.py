@@ -310,6 +310,28 @@ def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = Fa
     return outcomes
 
 
+def replay_sizes(rng: random.Random, count: int, capacity: int, it: int) -> list[int]:
+    """Random counts for replay `it`, up to `capacity`; every third replay has a zero."""
+    sizes = [rng.randint(0, capacity) for _ in range(count)]
+    if it % 3 == 0:
+        sizes[rng.randrange(count)] = 0
+    return sizes
+
+
+def capture(op):
+    """(CUDA graph of one call of op, its output); op runs once on a side stream first, so
+    lazy setup stays out of the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op()
+    return graph, out
+
+
 def replay_check(template: Case, replays: int, capacity: int, table: str = "auto", seed: int = 0,
                  exact: str = "sums") -> dict:
     """Worker entry: capture `template`'s op once in a CUDA graph with device-side sizes at
@@ -339,21 +361,12 @@ def replay_check(template: Case, replays: int, capacity: int, table: str = "auto
             return comm.gather_tokens(x, sizes_dev, template.partial, residual=residual, norm_weight=weight)
         return comm.gather_tokens(x, sizes_dev, template.partial)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        op()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = op()
+    graph, out = capture(op)
     outs = out if isinstance(out, tuple) else (out,)
     rng = random.Random(seed)
     failures, digests = [], []
     for it in range(replays):
-        sizes = [rng.randint(0, capacity) for _ in range(count)]
-        if it % 3 == 0:
-            sizes[rng.randrange(count)] = 0
+        sizes = replay_sizes(rng, count, capacity, it)
         case = Case(template.op, lay, tuple(sizes), template.group, template.row_shape, template.dtype,
                     template.data, template.partial, template.fused, True, seed * 1000003 + it)
         x.fill_(1e4)  # rows beyond the counts must never be read

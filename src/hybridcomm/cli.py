@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,layer}
+"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -207,6 +207,20 @@ def cmd_bench_nodes(args) -> int:
     return 0
 
 
+def cmd_bench_quant(args) -> int:
+    from .bench.quant import bench_quant, quant_markdown
+
+    if not torch.cuda.is_available():
+        raise ca.UsageError("bench quant times our CUDA kernels against NCCL: it needs GPUs")
+    if ca.same_world(args.layouts) != args.world:
+        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
+    ca.check_device("cuda", args.world)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    print(quant_markdown(results))
+    _write(results, args.out, "quant")
+    return 0
+
+
 def _token_lists(counts: list[int], imbalanced: bool) -> list:
     tokens: list = list(counts)
     if imbalanced:
@@ -273,6 +287,45 @@ def _timing_note(graphs: bool, device: str) -> str:
             + ("a development path, not a speed claim" if device == "cpu" else "includes launch overhead"))
 
 
+def _model_tokens(text: str) -> list:
+    """'1,4,64:1' -> [1, 4, [64, 1]]: an int is that many tokens on every DP group, a ':' list
+    one count per DP group (run only on layouts with that many groups)."""
+    try:
+        items = [[int(t) for t in item.split(":")] if ":" in item else int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,4,64:1, got {text!r}") from None
+    if any(min(i if isinstance(i, list) else [i]) < 0 for i in items):
+        raise argparse.ArgumentTypeError(f"counts must be non-negative, got {text!r}")
+    return items
+
+
+def cmd_bench_model(args) -> int:
+    from .bench.model import bench_model, format_model_table, verdict
+
+    device = args.device or _default_device()
+    cuda = device == "cuda"
+    layouts = args.layout or [Layout.parse("dp2" if cuda and torch.cuda.device_count() < 4 else "dp2xtp2")]
+    world = ca.same_world(layouts)
+    device = ca.check_device(device, world)
+    backends = args.backends or (["nccl", "auto"] if cuda else ["reference"])
+    for b in backends:
+        ca.check_backend(b, device, "--backends")
+    config = args.config or ("qwen3-30b-a3b" if cuda else "qwen3_moe-small")
+    tokens = args.tokens or _model_tokens("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2")
+    results = bench_model(config, [lay.name for lay in layouts], tokens, world, device, backends, args.steps,
+                          args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
+                          check_logits=not args.no_check, seed=args.seed, eager=args.eager)
+    table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
+        _progress(f"wrote {out}, {out.with_suffix('.md')}")
+    return 0 if "FAIL" not in verdict(results) else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = ca.OneLineParser(prog="hybridcomm", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -320,7 +373,7 @@ def parser() -> argparse.ArgumentParser:
     model.set_defaults(fn=cmd_model)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world)
+    collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
     ops = bench.add_parser("ops", help=f"{collectives} sweep vs baselines")
     ops.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     ops.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
@@ -346,6 +399,18 @@ def parser() -> argparse.ArgumentParser:
     nodes.add_argument("--out", default=None, help="JSON path stem (_all_reduce / _transitions .json/.md/.png)")
     nodes.set_defaults(fn=cmd_bench_nodes)
 
+    qb = bench.add_parser("quant", help="quantized gather_tokens vs bf16 and quantize-then-NCCL")
+    qb.add_argument("--layouts", type=ca.layout_list, default="dp4,dp2xtp2",
+                    help="comma-separated layouts of --world ranks (default dp4,dp2xtp2)")
+    qb.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    qb.add_argument("--quant", type=ca.quant_list, default="fp8,fp8_block128,nvfp4",
+                    help="formats, comma-separated (default fp8,fp8_block128,nvfp4)")
+    qb.add_argument("--hidden", type=ca.count_list, default="4096,7168", help="hidden sizes (default 4096,7168)")
+    qb.add_argument("--tokens", type=ca.count_list, default="1,2,4,8,16,32,64,128,256,512,1024",
+                    help="tokens per DP rank, comma-separated (default 1..1024)")
+    qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
+    qb.set_defaults(fn=cmd_bench_quant)
+
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", type=ca.layout, action="append", default=None,
                        help=layout_help + "; repeat for several of the same world (default dp2xtp2)")
@@ -363,6 +428,30 @@ def parser() -> argparse.ArgumentParser:
     layer.add_argument("--steps", type=ca.positive_int, default=20, help="timed decode steps per point (default 20)")
     layer.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     layer.set_defaults(fn=cmd_bench_layer)
+
+    model = bench.add_parser("model", help="decode steps of a Hugging Face MoE model (hybridcomm.hf) per backend, "
+                                           "checked against one device")
+    model.add_argument("--config", default=None, help="a hybridcomm.hf.configs name (default: qwen3-30b-a3b on "
+                                                      "GPUs, qwen3_moe-small on CPU), e.g. deepseek-v3")
+    model.add_argument("--layers", type=ca.positive_int, default=None, help="override the config's layers")
+    model.add_argument("--layout", type=ca.layout, action="append", default=None,
+                       help=layout_help + "; repeat for several of the same world (default: dp2 on 2-3 GPUs, "
+                                          "dp2xtp2 on 4 GPUs or the CPU)")
+    model.add_argument("--tokens", type=_model_tokens, default=None,
+                       help="tokens per DP group, comma-separated; 64:1 gives one count per DP group "
+                            "(default 1,4,16,64,256,64:1,64:1:1:1 on GPUs, 4,6:2 on CPU)")
+    model.add_argument("--backends", type=ca.backend_list, default=None,
+                       help="comma-separated, the first is the speed-up baseline (default: nccl,auto on GPUs, "
+                            "reference on CPU)")
+    model.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
+    model.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="default: bfloat16 on GPUs, float32 on CPU")
+    model.add_argument("--steps", type=ca.positive_int, default=16, help="decode steps per point (default 16)")
+    model.add_argument("--seed", type=int, default=0, help="random weights and prompts (default 0)")
+    model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
+    model.add_argument("--eager", action="store_true", help="GPUs: no CUDA graphs (wall-clock step times)")
+    model.add_argument("--out", default=None, help="JSON path (.md written beside it)")
+    model.set_defaults(fn=cmd_bench_model)
     return p
 
 

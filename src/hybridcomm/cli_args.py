@@ -107,8 +107,19 @@ def _layouts(text: str) -> list[Layout]:
     return [Layout.parse(n) for n in names]
 
 
+def _quant_formats(text: str) -> list[str]:
+    from .quant import FORMATS
+
+    names = _list(str.strip, text)
+    bad = [n for n in names if n not in FORMATS]
+    if bad:
+        raise ValueError(f"unknown format(s) {bad}; valid are {list(FORMATS)}")
+    return names
+
+
 layout_list = _type(_layouts, "layouts")
 backend_list = _type(_backends, "backends")
+quant_list = _type(_quant_formats, "quant formats")
 
 
 def check_device(device: str, world: int) -> str:

@@ -15,11 +15,13 @@ from .agreement import decode, describe_call, encode, exchange, rejected, status
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
+from .counts import Counts, exchange as exchange_counts
 from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
 from .norm import ResidualNorm
 from .ops import OPS
+from .quant import QuantSpec, parse_quant
 
 BACKENDS = ("auto", "reference", "nccl", "nvlink")
 
@@ -101,10 +103,21 @@ class Communicator:
         backend, algorithm = self._select("all_reduce", g, x)
         return backend.all_reduce(x, g, algorithm)
 
-    def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
-        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order."""
+    def all_gather_v(self, x: torch.Tensor, sizes, group: str = "world", *, quant: str | None = None,
+                     global_scale=None):
+        """x holds sizes[i_me] rows; returns sum(sizes) rows in group order.
+
+        With `quant` ("fp8", "fp8_block128", "nvfp4"; nvfp4 also needs `global_scale`): each
+        rank quantizes its rows and the quantized bytes travel; returns `QuantizedRows`
+        (see hybridcomm.quant for the exact formats). sizes may be a `Counts` holding only
+        this rank's count (exchanged here, kept for the next op).
+        """
+        sizes = self._own_counts(sizes, group)
+        spec = None
 
         def check(g):
+            nonlocal spec
+            spec = parse_quant(quant, global_scale, x, self.device)
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
@@ -112,11 +125,14 @@ class Communicator:
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
-        backend, algorithm = self._select("all_gather_v", g, x, s, g.index)
-        return backend.all_gather_v(x, s, g, algorithm)
+        op = "all_gather_v" if spec is None else "all_gather_v_quant"
+        backend, algorithm = self._select(op, g, x, s, g.index, spec)
+        return backend.all_gather_v(x, s, g, algorithm, quant=spec)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
-        """x holds sum(sizes) rows (partial); returns this rank's sizes[i_me] rows, summed."""
+        """x holds sum(sizes) rows (partial); returns this rank's sizes[i_me] rows, summed.
+        sizes may be the `Counts` of an earlier op."""
+        sizes = self._own_counts(sizes, group)
 
         def check(g):
             check_tensor(x, "x", self.device)
@@ -132,19 +148,37 @@ class Communicator:
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes, partial: bool = True, *,
                       residual: torch.Tensor | None = None,
-                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6):
+                      norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                      quant: str | None = None, global_scale=None):
         """Attention output -> MoE input: every rank gets all sum(dp_sizes) rows, reduced
         over attn-TP (when `partial`), in DP-group order.
 
         With `residual` and `norm_weight`: returns (normed, residual_out), where
         residual_out = reduced + residual (this DP group's rows) and normed = the gathered
         RMSNorm(residual_out) * norm_weight, computed in fp32.
+
+        With `quant` (see all_gather_v): the rows (reduced, and normed when fused) are
+        quantized by the ranks that own them and the gathered rows are `QuantizedRows`.
+
+        dp_sizes may be a `Counts` holding only this DP group's count: it is exchanged over
+        attn_dp here and kept in the Counts for the scatter_tokens that follows.
+
+        partial=False promises that the attn-TP ranks of a DP group pass identical rows, and
+        each backend reads every row from one of those copies: the reference takes this DP
+        group's rows from this rank's own x and another group's rows from that group's rank
+        with the same attn_tp index; NCCL cuts each group's rows into attn_tp contiguous
+        chunks (arguments.split_evenly) and takes chunk t from attn-TP rank t (the fused
+        variant: like the reference); our kernels take this group's rows from this rank and
+        chunk t of another group's rows from its rank t. If the copies differ, the results
+        differ across backends and across ranks.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
-        fusion = None
+        dp_sizes = self._own_counts(dp_sizes, "attn_dp")
+        fusion = spec = None
 
         def check(_):
-            nonlocal fusion
+            nonlocal fusion, spec
+            spec = parse_quant(quant, global_scale, x, self.device)
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
@@ -157,13 +191,18 @@ class Communicator:
 
         _, s = self._check("gather_tokens", "world", check,
                            lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
+        if spec is not None:
+            backend, algorithm = self._select("gather_tokens_quant", world, x, s, dp.index, spec)
+            return backend.gather_tokens(x, s, bool(partial), fusion, algorithm, quant=spec)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
         backend, algorithm = self._select(op, world, x, s, dp.index)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
         """MoE output (partial over the world, all rows) -> this DP group's rows, reduced,
-        identical on its attn-TP ranks."""
+        identical on its attn-TP ranks. dp_sizes may be the `Counts` of the gather."""
+        dp_sizes = self._own_counts(dp_sizes, "attn_dp")
+
         def check(_):
             check_tensor(y, "y", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
@@ -211,18 +250,27 @@ class Communicator:
             nvlink.raise_recorded_error()
 
     # -- helpers ----------------------------------------------------------------------------
+    def _own_counts(self, sizes, group: str):
+        """A `Counts` becomes every member's sizes (exchanged over `group` once); others pass.
+        Every rank of the group must pass a Counts, or none (the exchange is a collective)."""
+        return exchange_counts(sizes, self._group(group), self.device) if isinstance(sizes, Counts) else sizes
+
     def _group(self, name: str) -> Group:
         if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"
             raise ValueError(f"group: unknown group name {name!r}; valid names are {list(GROUP_NAMES)}")
         return self.groups[name]
 
     @staticmethod
-    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int) -> int:
+    def _message_bytes(op: str, x: torch.Tensor, sizes: Sizes | None, index: int,
+                       quant: QuantSpec | None = None) -> int:
         """The bytes the selection table compares: the op's input, or its result (its
-        capacity when sizes live on the device), as ops.OPS says."""
+        capacity when sizes live on the device), as ops.OPS says; quantized rows count
+        their data and scale bytes."""
         if OPS[op].message == "input":
             return x.numel() * x.element_size()
         row_bytes = math.prod(x.shape[1:]) * x.element_size()
+        if quant is not None:
+            row_bytes = quant.format.row_bytes(x.shape[1])
         return result_rows(sizes, index, x.shape[0], gathered=True) * row_bytes
 
     def _check_fusion(self, x, residual, weight, eps) -> ResidualNorm:
@@ -295,11 +343,12 @@ class Communicator:
         """Nodes a group spans where it has rails (hierarchical legs), else 1."""
         return len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
 
-    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0):
+    def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
+                quant: QuantSpec | None = None):
         if self.forced in ("reference", "nccl"):
             self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
             return self.backends[self.forced], None
-        nodes = self._nodes(group)
+        nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
                                                     sizes is not None and sizes.on_device, self.tables)
@@ -318,7 +367,7 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index), blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
         self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 

@@ -53,6 +53,8 @@ class OpSpec:
     algorithms: tuple[Algorithm, ...]
     # On the world group (token transitions) rather than a group the caller names.
     on_world: bool = False
+    # Rows travel quantized (hybridcomm.quant): the quant= variant of another op.
+    quantized: bool = False
     # Layout axis of size 1 -> the op that is exactly this op then (and runs instead).
     reduces_to: dict[str, str] = field(default_factory=dict)
 
@@ -90,6 +92,12 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT)),
         on_world=True, reduces_to={"attn_tp": "reduce_scatter_v"}),
+    # quant= on all_gather_v / gather_tokens (optionally fused with the norm): one kernel
+    # (csrc/quant_gather.cu); the format is a launcher argument. Errors report the base op.
+    OpSpec("all_gather_v_quant", abi.OpCode.ALL_GATHER_V, "output", "rows", (Algorithm("quant", None),),
+           quantized=True),
+    OpSpec("gather_tokens_quant", abi.OpCode.GATHER_TOKENS, "output", "rows", (Algorithm("quant", None),),
+           on_world=True, quantized=True),
 )}
 
 
@@ -115,6 +123,6 @@ def algorithms_where(predicate) -> dict[str, str]:
 
 def describe() -> str:
     """One line per op: its algorithms and their protocols (`hybridcomm info`)."""
-    return "\n".join(f"  {s.name:<18} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
+    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
                      + "".join(f"; {axis}=1: {other}" for axis, other in s.reduces_to.items())
                      for s in OPS.values())

@@ -100,6 +100,8 @@ def split_sizes(sizes: Sizes, parts: int) -> list[int] | torch.Tensor:
 
 
 class HierarchicalBackend:
+    """(Quantized gathers never come here: the Communicator keeps them on the flat paths.)"""
+
     name = "hierarchical"
 
     def __init__(self, comm):
@@ -183,7 +185,7 @@ class HierarchicalBackend:
         with self._leg("all_reduce", group, node):
             return self._run("all_gather_v", node.name, summed, counts).view(x.shape)
 
-    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
+    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None) -> torch.Tensor:
         """Rail first (each GPU's own rows cross the network once per other node), then the node."""
         node, rail = self._legs(group)
         cap = member_capacity(sizes, x.shape[0])
@@ -215,7 +217,7 @@ class HierarchicalBackend:
         mine = sum_in_order(list(received.unbind(0))).to(x.dtype) if rail.size else received
         return mine[: result_rows(sizes, group.index, x.shape[0], gathered=False)]
 
-    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
         """Reduce over attn-TP, then all_gather_v over attn-DP (each hierarchical where its group
         spans nodes). The fused norm needs the fp32 sum: gather the partials, sum them here."""
         tp = self.groups["attn_tp"]

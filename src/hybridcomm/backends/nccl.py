@@ -18,6 +18,8 @@ import torch.distributed as dist
 from ..arguments import Sizes, result_rows, split_evenly
 from ..groups import Group
 from ..norm import add_rms_norm
+from ..quant import QuantizedRows
+from ..quant.reference import quantized_move
 from .reference import pad_rows
 
 
@@ -65,10 +67,12 @@ def all_reduce_copy(x: torch.Tensor, group: Group) -> torch.Tensor:
 
 # -- the engines' two-collective transitions (also the benchmarks' baselines, on their buffers) --
 def gather_tokens_two_step(x: torch.Tensor, counts: list[int], groups: dict[str, Group], partial: bool = True,
-                           chunk_out: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                           chunk_out: torch.Tensor | None = None, out: torch.Tensor | None = None, quant=None):
     """reduce-scatter(attn-TP) + all-gather(world): sum(counts) rows. x holds this DP group's
     counts[d] rows (partial over attn-TP, or replicated); chunk_out (this rank's chunk) and
-    out (the result) are buffers to use, new tensors if None."""
+    out (the result) are buffers to use, new tensors if None. With `quant` (a QuantSpec; then
+    out must be None): each rank quantizes its chunk, then the data and the scales are
+    all-gathered (QuantizedRows)."""
     tp, dp, world = groups["attn_tp"], groups["attn_dp"], groups["world"]
     mine = x[: counts[dp.index]]
     chunks = split_evenly(mine.shape[0], tp.size)
@@ -80,18 +84,18 @@ def gather_tokens_two_step(x: torch.Tensor, counts: list[int], groups: dict[str,
     else:
         chunk = mine
     world_counts = [c for n in counts for c in split_evenly(n, tp.size)]
-    return all_gather_rows(chunk, world_counts, world, out=out)
+    return quantized_move(chunk, quant, lambda t: all_gather_rows(t, world_counts, world, out=out))
 
 
 def gather_tokens_norm_two_step(x: torch.Tensor, counts: list[int], groups: dict[str, Group], fusion,
-                                partial: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engines' fused path: all-reduce(attn-TP), add + RMSNorm, all-gather(DP).
+                                partial: bool = True, quant=None):
+    """The engines' fused path: all-reduce(attn-TP), add + RMSNorm, (quantize,) all-gather(DP).
     Returns (normed rows of every DP group, this group's residual_out)."""
     tp, dp = groups["attn_tp"], groups["attn_dp"]
     mine = x[: counts[dp.index]]
     reduced = all_reduce_copy(mine, tp) if partial else mine
     normed, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]], fusion.weight, fusion.eps)
-    return all_gather_rows(normed, counts, dp), residual_out
+    return quantized_move(normed, quant, lambda t: all_gather_rows(t, counts, dp)), residual_out
 
 
 def scatter_tokens_two_step(y: torch.Tensor, counts: list[int], groups: dict[str, Group],
@@ -106,6 +110,13 @@ def scatter_tokens_two_step(y: torch.Tensor, counts: list[int], groups: dict[str
     return all_gather_rows(chunk, split_evenly(counts[dp.index], tp.size), tp, out=out)
 
 
+def pad_any(result, rows: int):
+    """pad_rows for a tensor or for QuantizedRows (data and scales alike)."""
+    if isinstance(result, QuantizedRows):
+        return result.map_rows(lambda t: pad_rows(t, rows))
+    return pad_rows(result, rows)
+
+
 class NcclBackend:
     name = "nccl"
 
@@ -115,22 +126,23 @@ class NcclBackend:
     def all_reduce(self, x, group, algorithm=None):
         return all_reduce_copy(x, group)
 
-    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm=None):
-        out = all_gather_rows(x, _host_counts(sizes), group)
-        return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
+    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm=None, quant=None):
+        counts = _host_counts(sizes)
+        out = quantized_move(x[: counts[group.index]], quant, lambda t: all_gather_rows(t, counts, group))
+        return pad_any(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
 
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm=None):
         out = reduce_scatter_rows(x, _host_counts(sizes), group)
         return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=False))
 
-    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
         dp = self.groups["attn_dp"]
         counts = _host_counts(dp_sizes)
         gathered = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
         if fusion is None:
-            return pad_rows(gather_tokens_two_step(x, counts, self.groups, partial), gathered)
-        normed, residual_out = gather_tokens_norm_two_step(x, counts, self.groups, fusion, partial)
-        return pad_rows(normed, gathered), pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
+            return pad_any(gather_tokens_two_step(x, counts, self.groups, partial, quant=quant), gathered)
+        normed, residual_out = gather_tokens_norm_two_step(x, counts, self.groups, fusion, partial, quant)
+        return pad_any(normed, gathered), pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
         dp = self.groups["attn_dp"]

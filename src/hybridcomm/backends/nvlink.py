@@ -13,12 +13,13 @@ import math
 import torch
 
 from .. import build, kernels
-from ..abi import ROW_ALIGN_BYTES, CallField, ErrorCode
+from ..abi import MAX_QUANT_HIDDEN, ROW_ALIGN_BYTES, CallField, ErrorCode, OpCode
 from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
 from ..ops import OPS, op_name
+from ..quant import QuantizedRows
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
 
 
@@ -42,6 +43,9 @@ class NvlinkBackend:
         if group.name not in self.handles:
             return f"group {group.name!r} has one rank: nothing to communicate"
         spec = OPS[op]
+        if spec.quantized and (x.dim() != 2 or x.shape[1] % 16 or x.shape[1] > MAX_QUANT_HIDDEN):
+            return (f"quantized rows of shape {tuple(x.shape[1:])}: the kernel takes a hidden size that is a "
+                    f"multiple of 16, at most {MAX_QUANT_HIDDEN}")
         alg = spec.algorithm(algorithm)
         if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
@@ -61,25 +65,30 @@ class NvlinkBackend:
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):
-        return torch.ops.hybridcomm.all_reduce(x, self.handles[group.name], _code("all_reduce", algorithm))
+        return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm))
 
-    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm):
+    def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm, quant=None):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
-        return torch.ops.hybridcomm.all_gather_v(x, sizes.device, list(sizes.host or ()), self.handles[group.name],
+        if quant is not None:
+            return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
+        return kernels.call("all_gather_v", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
                                                  out_rows)
 
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
-        return torch.ops.hybridcomm.reduce_scatter_v(x, sizes.device, list(sizes.host or ()),
+        return kernels.call("reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
                                                      self.handles[group.name], out_rows)
 
-    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm):
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm, quant=None):
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
         host = list(dp_sizes.host or ())
         handle, tp = self.handles["world"], self.layout.attn_tp
+        if quant is not None:
+            return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
+                                      OpCode.GATHER_TOKENS, out_rows)
         if fusion is not None:
-            return torch.ops.hybridcomm.gather_tokens_norm(x, dp_sizes.device, host, fusion.residual, fusion.weight,
+            return kernels.call("gather_tokens_norm", x, dp_sizes.device, host, fusion.residual, fusion.weight,
                                                            fusion.eps, handle, tp, partial, out_rows)
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
@@ -87,7 +96,7 @@ class NvlinkBackend:
             return self._reduced("gather_tokens", x, dp_sizes)
         if not partial:
             algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
-        return torch.ops.hybridcomm.gather_tokens(x, dp_sizes.device, host, handle, tp, partial,
+        return kernels.call("gather_tokens", x, dp_sizes.device, host, handle, tp, partial,
                                                   _code("gather_tokens", algorithm), out_rows)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
@@ -96,7 +105,7 @@ class NvlinkBackend:
             return self._reduced("scatter_tokens", y, dp_sizes)
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)
-        return torch.ops.hybridcomm.scatter_tokens(y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
+        return kernels.call("scatter_tokens", y, dp_sizes.device, list(dp_sizes.host or ()), self.handles["world"],
                                                    self.layout.attn_tp, _code("scatter_tokens", algorithm), out_rows)
 
     def _reduced(self, op: str, x, dp_sizes: Sizes):
@@ -110,6 +119,16 @@ class NvlinkBackend:
             kernels.release_group(handle)
         self.handles = {}
         self.workspace.close()
+
+    def _quant_gather(self, x, sizes: Sizes, group: Group, tp: int, partial: bool, fusion, quant, op: int,
+                      out_rows: int):
+        """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather."""
+        residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
+        data, scales, residual_out = kernels.call("quant_gather", 
+            x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
+            self.handles[group.name], tp, partial, op, quant.format.code, out_rows)
+        rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)
+        return rows if fusion is None else (rows, residual_out)
 
     # -- errors ------------------------------------------------------------------------------
     def raise_recorded_error(self) -> None:

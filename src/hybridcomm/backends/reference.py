@@ -18,6 +18,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import CapacityExceeded
 from ..groups import Group
 from ..norm import add_rms_norm
+from ..quant.reference import quantized_move
 from ..topology import sum_by_node
 
 
@@ -145,6 +146,22 @@ class Call:
         return verdict(decoded, list(group.ranks), {r: group.ranks for r in group.ranks})
 
 
+def gather_owned(rows: torch.Tensor, counts: list[int], group: Group, capacity: int, call: Call, quant=None):
+    """Every member's own rows, concatenated and padded to `capacity`; with `quant`, each
+    member quantizes its rows first and the quantized bytes travel (QuantizedRows). The
+    first exchange carries the call's header (Call.gather); a quantized call's second one
+    (the scales) follows the agreed header directly."""
+    headed = False
+
+    def gather(t):
+        nonlocal headed
+        exchange = gather_rows if headed else call.gather
+        headed = True
+        return pad_rows(torch.cat(exchange(t, counts, group)), capacity)
+
+    return quantized_move(rows, quant, gather)
+
+
 class ReferenceBackend:
     name = "reference"
 
@@ -172,16 +189,17 @@ class ReferenceBackend:
         parts = call.gather(x, [x.shape[0]] * group.size, group)
         return sum_by_node(parts, group.nodes, x.dtype).to(x.dtype)
 
-    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
+    def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None):
         sig = describe_call("all_gather_v", group.name, x, sizes)
-        out = torch.cat(self._call(sig, group).gather(x, list(sig.sizes), group))
-        return pad_rows(out, result_rows(sizes, group.index, x.shape[0], gathered=True))
+        counts = list(sig.sizes)
+        return gather_owned(x[: counts[group.index]], counts, group,
+                            result_rows(sizes, group.index, x.shape[0], gathered=True), self._call(sig, group), quant)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
         sig = describe_call("reduce_scatter_v", group.name, x, sizes)
         return _sum_my_rows(x, sig, sizes, group.index, group, self._call(sig, group))
 
-    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None):
+    def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
         tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
         sig = describe_call("gather_tokens", world.name, x, dp_sizes, partial, fusion)
         call = self._call(sig, world)
@@ -196,8 +214,7 @@ class ReferenceBackend:
         else:
             send, residual_out = add_rms_norm(reduced, fusion.residual[: mine.shape[0]],
                                               fusion.weight, fusion.eps)
-        out = pad_rows(torch.cat(call.gather(send, counts, dp)),
-                       result_rows(dp_sizes, dp.index, x.shape[0], gathered=True))
+        out = gather_owned(send, counts, dp, result_rows(dp_sizes, dp.index, x.shape[0], gathered=True), call, quant)
         if fusion is None:
             return out
         return out, pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], gathered=False))

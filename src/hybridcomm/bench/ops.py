@@ -30,11 +30,12 @@ from ..ops import OPS as REGISTRY
 from ..workspace import DEFAULT_AREA_BYTES, describe_plan
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
+from .eager import eager_costs
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [2 * KiB, 8 * KiB, 32 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB,
                  8 * MiB, 16 * MiB, 64 * MiB]
-OPS = tuple(name for name, spec in REGISTRY.items() if not spec.on_world)  # the group collectives
+OPS = tuple(name for name, spec in REGISTRY.items() if not spec.on_world and not spec.quantized)  # group collectives
 BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
 DTYPE = torch.bfloat16
 
@@ -146,6 +147,7 @@ def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
     overhead["hybridcomm_all_reduce_2KB"] = timing.eager_us(lambda: comm.all_reduce(x))
     overhead["nccl_all_reduce_2KB"] = timing.eager_us(lambda: dist.all_reduce(x))
     overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
+    overhead.update(eager_costs(comm))  # every op, eager, against its torch.distributed call
     overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
     return {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
             "workspace": describe_plan(comm.layout, DEFAULT_AREA_BYTES),  # what `hybridcomm info` prints

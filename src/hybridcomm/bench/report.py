@@ -129,11 +129,12 @@ def write(results: dict, out: Path, kind: str) -> tuple[list[Path], list[str]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     written = [out]
-    markdown = {"ops": ops_markdown, "transitions": transitions_markdown}.get(kind)
+    from .quant import quant_markdown, quant_plot
+    markdown = {"ops": ops_markdown, "transitions": transitions_markdown, "quant": quant_markdown}.get(kind)
     if markdown:
         out.with_suffix(".md").write_text(markdown(results))
         written.append(out.with_suffix(".md"))
-    plot = {"ops": ops_plot, "transitions": transitions_plot}.get(kind)
+    plot = {"ops": ops_plot, "transitions": transitions_plot, "quant": quant_plot}.get(kind)
     skipped = []
     if plot and not results.get("environment", {}).get("gpu"):
         skipped.append("CPU timings are a development path, not a speed claim worth a plot")

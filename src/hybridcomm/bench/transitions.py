@@ -37,11 +37,11 @@ OPS = ("gather_tokens", "scatter_tokens")
 BUFFER_BYTES = 512 * 8 * HIDDEN * 2  # enough for 512 tokens on each of 8 DP ranks
 
 
-def token_cases(layout: Layout) -> list[tuple[str, list[int]]]:
+def token_cases(layout: Layout, tokens: list[int] = TOKENS) -> list[tuple[str, list[int]]]:
     """(label, tokens per DP rank): balanced sweep, then the imbalanced case and the
     balanced case with the same total."""
     dp = layout.attn_dp
-    cases = [("balanced", [t] * dp) for t in TOKENS]
+    cases = [("balanced", [t] * dp) for t in tokens]
     if dp > 1:
         uneven = [IMBALANCED] + [1] * (dp - 1)
         cases += [("imbalanced", uneven), ("same_total", split_evenly(sum(uneven), dp)[::-1])]

@@ -49,6 +49,10 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum AllReduceAlgorithm : int { kAllReduceOneShot = 0, kAllReduceTwoShot = 1, kAllReduceTwoShotBulk = 2 };
 enum GatherTokensAlgorithm : int { kGatherTokensOneShot = 0, kGatherTokensTwoShot = 1, kGatherTokensFused = 2 };
 enum ScatterTokensAlgorithm : int { kScatterTokensOneShot = 0, kScatterTokensTwoShot = 1 };
+// Quantized gathers (hybridcomm.quant.formats): the format, and the largest hidden size (a row
+// is staged as fp32 in shared memory, with its scale bytes, within 48 KiB).
+enum QuantFormat : int { kQuantFp8 = 0, kQuantFp8Block128 = 1, kQuantNvfp4 = 2 };
+constexpr int kMaxQuantHidden = 11264;
 
 // -- the error word: code | op << 8 | group << 16 | peer's global rank << 24 | detail << 40 --
 enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kCapacity = 2, kArgumentMismatch = 3 };

@@ -7,7 +7,7 @@ namespace hc {
 
 __global__ void __launch_bounds__(kThreads)
     all_gather_v_push(GroupArgs g, int dtype, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
-  CallCtx cx = begin_call(g, kAllGatherV);
+  const CallCtx cx = begin_call(g, kAllGatherV);
   const RowCounts rc = group_counts(cx, io, /*gather=*/true);
   arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;

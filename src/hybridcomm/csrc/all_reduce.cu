@@ -108,7 +108,7 @@ __device__ __forceinline__ void all_reduce_two_shot_bulk(const CallCtx& cx, cons
 template <typename T, int kAlgorithm>
 __global__ void __launch_bounds__(kThreads)
     all_reduce(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
-  CallCtx cx = begin_call(g, kAllReduce);
+  const CallCtx cx = begin_call(g, kAllReduce);
   arrive(cx, make_fingerprint(kAllReduce, Lane<T>::kDType, kAlgorithm, 0, 0, (uint64_t)units * 16));
   if constexpr (kAlgorithm == kAllReduceOneShot) {
     all_reduce_one_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);

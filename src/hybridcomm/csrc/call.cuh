@@ -38,6 +38,40 @@ __device__ __forceinline__ uint4* arrival_packet(char* region, int slot, int src
   return (uint4*)region + slot * kMaxRanks + src;
 }
 
+// What the cold path of a wait needs to check a peer's fingerprint, in shared memory rather
+// than in every thread's registers (the waits are where registers run short). Set by arrive.
+struct Agreement {
+  uint64_t fingerprint;        // this call's
+  const uint4* arrivals;       // my region's arrival packets for this call's slot
+  unsigned long long error;    // the error word of a mismatch, without peer and detail
+  unsigned long long* error_word;
+  unsigned long long* error_mirror;
+};
+
+__device__ __forceinline__ Agreement& agreement() {
+  __shared__ Agreement a;
+  return a;
+}
+
+// Whether `member` (global rank `rank`) has sent its arrival for call `flag` with a fingerprint
+// other than mine; if so records kArgumentMismatch with the first field that differs. Called
+// every few dozen polls of a wait, never on the way of data. (Inline: with its state in shared
+// memory no kernel spills; out of line, the call made the register-bound ones spill.)
+__device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t flag) {
+  const Agreement& a = agreement();
+  uint2 theirs;
+  if (!Packet::try_get(a.arrivals + member, flag, theirs)) return false;
+  const int field = first_difference(a.fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
+  if (!field) return false;
+  const unsigned long long word = a.error | ((unsigned long long)(rank & kErrorPeerMask) << kErrorPeerShift) |
+                                  ((unsigned long long)field << kErrorDetailShift);
+  if (atomicCAS(a.error_word, 0ull, word) == 0ull) {
+    *(volatile unsigned long long*)a.error_mirror = word;
+    __threadfence_system();
+  }
+  return true;
+}
+
 // Group members base .. base + count - 1, `self` being my index among them.
 struct Members {
   int base, count, self;
@@ -56,7 +90,6 @@ struct CallCtx {
   int slot;           // which of the two rotating slots this call uses
   uint64_t deadline;  // global timer value at which waits give up
   int op;             // Op code, for error reports
-  uint64_t fingerprint;  // what this call must agree on with its peers (set by arrive)
 
   __device__ __forceinline__ Members everyone() const { return Members{0, g.nranks, g.me}; }
 
@@ -70,31 +103,23 @@ struct CallCtx {
   // Member `peer`'s area `phase` that I write into.
   __device__ __forceinline__ uint4* outbox(int peer, int phase) const { return area(g.regions[peer], phase, g.me); }
 
-  // Records (code, op, group, member's global rank, detail); the first error wins. The CAS is
-  // on device memory (atomics on host memory need PCIe atomics); the winner copies the word
-  // to the host-visible mirror with a plain store.
-  __device__ __forceinline__ void fail(uint32_t code, int member, int detail) const {
-    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member], detail);
+  // Records (code, op, group, member's global rank); the first error wins. The CAS is on
+  // device memory (atomics on host memory need PCIe atomics); the winner copies the word to
+  // the host-visible mirror with a plain store.
+  __device__ __forceinline__ void fail(uint32_t code, int member) const {
+    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member]);
     if (atomicCAS(g.error_word, 0ull, word) == 0ull) {
       *(volatile unsigned long long*)g.error_mirror = word;
       __threadfence_system();
     }
-  }
-
-  __device__ __forceinline__ void fail(uint32_t code, int member) const {
-    fail(code, member, 0);
     // A timeout ends the group: every other wait gives up at once.
     if (code == kTimeout) atomicExch(&g.state[kAborted], 1u);
   }
 
   // Whether member's arrival packet for this call is here and says its call differs from
-  // mine (recorded, with the first field that differs).
+  // mine (then recorded, with the first field that differs).
   __device__ __forceinline__ bool disagrees(int member) const {
-    uint2 theirs;
-    if (!Packet::try_get(arrival_packet(g.regions[g.me], slot, member), flag, theirs)) return false;
-    const int field = first_difference(fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
-    if (field) fail(kArgumentMismatch, member, field);
-    return field != 0;
+    return arrival_disagrees(member, g.world_ranks[member], flag);
   }
 
   // True when a wait for `member` should stop: the group already aborted, member's call
@@ -111,16 +136,18 @@ struct CallCtx {
 // Every kernel starts here; it must call arrive() before its first wait.
 __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
-  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op, 0};  // read in this order
+  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
 }
 
 // Block 0 tells every peer "I have started call `flag`" (hence finished reading call flag - 1)
 // and what the call is. Peers start with the same slot pattern, and a peer is at most one call
 // ahead (its end_call waited for my arrival), so my packet for this slot is read before I
 // overwrite it two calls later.
-__device__ __forceinline__ void arrive(CallCtx& cx, uint64_t fingerprint) {
+__device__ __forceinline__ void arrive(const CallCtx& cx, uint64_t fingerprint) {
   const GroupArgs& g = cx.g;
-  cx.fingerprint = fingerprint;
+  // Every thread stores the same values, before its own first wait: no barrier needed.
+  agreement() = Agreement{fingerprint, arrival_packet(g.regions[g.me], cx.slot, 0),
+                          pack_error(kArgumentMismatch, cx.op, g.group_id, 0), g.error_word, g.error_mirror};
   if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
     Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
                 make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);

@@ -14,6 +14,7 @@
 //
 // Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
 // indexed by that group-local lane in every phase.
+#include "block_reduce.cuh"
 #include "launch.cuh"
 
 namespace hc {
@@ -99,24 +100,6 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenSh
   receive_chunked(cx, s, 1, false, out, out_lanes);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);  // same bits on all lanes
-  return v;
-}
-
-// Sum over the block in a fixed order (butterfly in each warp, then warps in index order),
-// so every thread, and every rank holding the same row, gets the same bits.
-__device__ __forceinline__ float block_sum(float v, float* warp_sums) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < (int)(blockDim.x >> 5); ++w) total += warp_sums[w];
-  __syncthreads();  // warp_sums is reused by the next row
-  return total;
-}
-
 template <typename T>
 __device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape& s, int partial,
                                              const uint2* __restrict__ in, uint2* __restrict__ out,
@@ -177,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
     gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
-  CallCtx cx = begin_call(g, kGatherTokens);
+  const CallCtx cx = begin_call(g, kGatherTokens);
   const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,

@@ -7,7 +7,7 @@ namespace hc {
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     reduce_scatter_v_push(GroupArgs g, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
-  CallCtx cx = begin_call(g, kReduceScatterV);
+  const CallCtx cx = begin_call(g, kReduceScatterV);
   const RowCounts rc = group_counts(cx, io, /*gather=*/false);
   arrive(cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;

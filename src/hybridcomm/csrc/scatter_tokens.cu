@@ -64,7 +64,7 @@ __device__ __forceinline__ void scatter_two_shot(const CallCtx& cx, const TokenS
 template <typename T, int kAlgorithm>
 __global__ void __launch_bounds__(kThreads)
     scatter_tokens(GroupArgs g, int tp, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
-  CallCtx cx = begin_call(g, kScatterTokens);
+  const CallCtx cx = begin_call(g, kScatterTokens);
   const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
   check_buffers(cx, s.rc.offset[s.dp] > io.in_rows || s.rc.count[s.d] > io.out_rows);
   arrive(cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, kAlgorithm, s.variant(0), s.rc.hash,

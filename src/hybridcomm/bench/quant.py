@@ -1,0 +1,182 @@
+"""`hybridcomm bench quant`: quantized gather_tokens against, in the same run, our bf16
+gather and the engines' quantize-then-NCCL paths; hidden 4096 and 7168, 1-1024 tokens per
+DP rank, balanced and imbalanced.
+
+Columns (µs per call, graph replay, median, max over ranks):
+  hc_bf16      our bf16 gather_tokens (the Communicator's choice; the unquantized transition)
+  hc_quant     our quantized gather kernel (csrc/quant_gather.cu), forced at every size
+  hybridcomm   gather_tokens(..., quant=) as the Communicator chooses
+  nccl_q       what engines run: RS(attn-TP, when TP > 1) + quantize (torch reference
+               quantizer) + NCCL all-gather of the data + NCCL all-gather of the scales
+  nccl_symm_q  the same on NCCL symmetric-window buffers (quantized bytes copied into them)
+  nccl_ag_only the two all-gathers alone, symmetric buffers: a lower bound for any
+               quantize-then-NCCL path (free quantization)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ..arguments import split_evenly
+from ..backends.nccl import all_gather_rows, reduce_scatter_rows
+from ..communicator import Communicator
+from ..layout import Layout
+from ..quant import FORMATS, parse_quant, quantize
+from . import timing
+from .baselines import NcclSymmetricBuffers
+from .ops import add_forced_calls, forced_communicators
+from .transitions import token_cases
+
+HIDDENS = (4096, 7168)
+TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+DTYPE = torch.bfloat16
+BUFFERS = 5  # input, reduced chunk, gathered data, gathered scales, quantized bytes to send
+GLOBAL_SCALE = 448.0 * 6.0 / 5.0  # nvfp4: randn rows have amax about 5
+
+
+def _cut(buffer: torch.Tensor, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """A (rows, cols) tensor of `dtype` at byte `offset` of a flat byte buffer."""
+    return buffer[offset: offset + shape[0] * shape[1] * dtype.itemsize].view(dtype).view(shape)
+
+
+class QuantThenGather:
+    """The engines' path on given flat byte buffers: reduce over attn-TP, quantize into the
+    send buffer, all-gather the data and then the scales over the world."""
+
+    def __init__(self, comm: Communicator, buffers: list[torch.Tensor], fmt: str, hidden: int, global_scale):
+        self.comm, self.buffers, self.fmt, self.hidden, self.g = comm, buffers, fmt, hidden, global_scale
+        spec = FORMATS[fmt]
+        self.data_cols = spec.data_cols(hidden)
+        self.scale_bytes = spec.row_bytes(hidden) - self.data_cols
+
+    def input(self, rows: int) -> torch.Tensor:
+        return _cut(self.buffers[0], 0, (rows, self.hidden), DTYPE)
+
+    def gather(self, x, counts, quantize_rows: bool = True):
+        groups, tp, b = self.comm.groups, self.comm.layout.attn_tp, self.buffers
+        chunks = split_evenly(counts[groups["attn_dp"].index], tp)
+        chunk = x
+        if tp > 1:
+            chunk = reduce_scatter_rows(x, chunks, groups["attn_tp"],
+                                        out=_cut(b[1], 0, (chunks[groups["attn_tp"].index], self.hidden), DTYPE))
+        rows = chunk.shape[0]
+        send_data = _cut(b[4], 0, (rows, self.data_cols), torch.uint8)
+        send_scales = _cut(b[4], -(-rows * self.data_cols // 256) * 256, (rows, self.scale_bytes), torch.uint8)
+        if quantize_rows:
+            q = quantize(chunk, self.fmt, self.g)
+            send_data.copy_(q.data.view(torch.uint8))
+            send_scales.copy_(q.scales.view(torch.uint8))
+        world_counts = [c for n in counts for c in split_evenly(n, tp)]
+        total = sum(world_counts)
+        data = all_gather_rows(send_data, world_counts, groups["world"], out=_cut(b[2], 0, (total, self.data_cols), torch.uint8))
+        scales = all_gather_rows(send_scales, world_counts, groups["world"],
+                                 out=_cut(b[3], 0, (total, self.scale_bytes), torch.uint8))
+        return data, scales
+
+
+def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: int, fmt: str,
+           symm: NcclSymmetricBuffers, plain: list[torch.Tensor]) -> dict:
+    groups, device = comm.groups, comm.device
+    mine = counts[groups["attn_dp"].index]
+    g = GLOBAL_SCALE if FORMATS[fmt].needs_global_scale else None
+    spec = parse_quant(fmt, g, None, device)
+    engines = QuantThenGather(comm, plain, fmt, hidden, spec.global_scale)
+    x = engines.input(mine).normal_()
+    calls = {"hc_bf16": lambda: comm.gather_tokens(x, counts),
+             "hybridcomm": lambda: comm.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale),
+             "nccl_q": lambda: engines.gather(x, counts)}
+    add_forced_calls(calls, "gather_tokens_quant", forced_comms,
+                     lambda c: c.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale))
+    if symm.buffers is not None:
+        symm_path = QuantThenGather(comm, symm.buffers, fmt, hidden, spec.global_scale)
+        xs = symm_path.input(mine).normal_()
+        calls["nccl_symm_q"] = lambda: symm_path.gather(xs, counts)
+        calls["nccl_ag_only"] = lambda: symm_path.gather(xs, counts, quantize_rows=False)
+    return calls
+
+
+def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int]) -> dict:
+    """Worker entry (every rank)."""
+    records = []
+    device = torch.device("cuda", torch.cuda.current_device())
+    nbytes = max(tokens) * dist.get_world_size() * max(hiddens) * DTYPE.itemsize
+    symm = NcclSymmetricBuffers([nbytes] * BUFFERS, device)
+    plain = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(BUFFERS)]
+    area = 2 * max(tokens) * max(hiddens) * DTYPE.itemsize + (1 << 20)  # LL: 2x the largest bf16 rows
+    for name in layout_names:
+        layout = Layout.parse(name)
+        comm = Communicator(layout, workspace_bytes=area)
+        forced_comms = forced_communicators(layout, ["gather_tokens_quant"], workspace_bytes=area)
+        for hidden in hiddens:
+            for label, counts in token_cases(layout, tokens):
+                for fmt in formats:
+                    calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain)
+                    names = sorted(calls)
+                    calls_per_graph = timing.calls_per_graph(sum(counts) * hidden * DTYPE.itemsize)
+                    us = timing.max_over_ranks([timing.graph_us(calls[k], calls_per_graph) for k in names])
+                    for k, t in zip(names, us):
+                        records.append({"layout": layout.name, "format": fmt, "hidden": hidden, "case": label,
+                                        "tokens_per_dp": counts, "impl": k, "us": t})
+                    if dist.get_rank() == 0:
+                        row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
+                        print(f"[quant] {layout.name} {fmt} h{hidden} {label} {counts}: {row}", file=sys.stderr,
+                              flush=True)
+        del comm, forced_comms
+    return {"environment": timing.environment(), "dtype": str(DTYPE), "nccl_symm_note": symm.error,
+            "records": records}
+
+
+def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
+                world_size: int = 4, timeout_s: float = 1800.0) -> dict:
+    from ..spmd import SpmdPool
+
+    with SpmdPool(world_size, "cuda") as pool:
+        return pool.run(sweep_quant, layouts, formats, hiddens, tokens, timeout=timeout_s)[0]
+
+
+# -- report -------------------------------------------------------------------------------------
+BASELINES = ("nccl_q", "nccl_symm_q")
+
+
+def quant_markdown(results: dict) -> str:
+    from collections import defaultdict
+
+    from .report import _fmt, _header, _table
+
+    by: dict = defaultdict(dict)
+    for r in results["records"]:
+        by[(r["layout"], r["hidden"], r["format"], r["case"], tuple(r["tokens_per_dp"]))][r["impl"]] = r["us"]
+    impls = sorted({r["impl"] for r in results["records"]})
+    out = [f"# bench quant, {results['dtype']} input", "", _header(results["environment"]), "",
+           "µs per call (CUDA graph replay, median, max over ranks). q/bf16 = hybridcomm / hc_bf16 (< 1: the "
+           "quantized gather is faster); vs NCCL = best quantize-then-NCCL baseline / hybridcomm.", ""]
+    for layout, hidden, fmt in dict.fromkeys(k[:3] for k in by):
+        rows = []
+        for key, cols in by.items():
+            if key[:3] != (layout, hidden, fmt):
+                continue
+            base = [cols[b] for b in BASELINES if b in cols]
+            ours = cols.get("hybridcomm")
+            q_ratio = f"{ours / cols['hc_bf16']:.2f}" if ours and cols.get("hc_bf16") else "-"
+            vs = f"{min(base) / ours:.2f}x" if base and ours else "-"
+            rows.append([key[3], ",".join(map(str, key[4]))] + [_fmt(cols.get(i)) for i in impls] + [q_ratio, vs])
+        out += [f"## {layout}, hidden {hidden}, {fmt}", "",
+                _table(["case", "tokens/DP rank"] + impls + ["q/bf16", "vs NCCL"], rows), ""]
+    if results.get("nccl_symm_note"):
+        out += [f"nccl_symm_note: {results['nccl_symm_note']}"]
+    return "\n".join(out) + "\n"
+
+
+def quant_plot(results: dict, path) -> str | None:
+    from collections import defaultdict
+
+    from .report import _log_plot
+
+    panels: dict = defaultdict(lambda: defaultdict(list))
+    for r in results["records"]:
+        if r["case"] == "balanced":
+            panels[f"{r['layout']} h{r['hidden']} {r['format']}"][r["impl"]].append((r["tokens_per_dp"][0], r["us"]))
+    return _log_plot(panels, "tokens per DP rank (balanced)", results["environment"], path)

@@ -1,0 +1,120 @@
+"""A transformers MoE causal LM on a Communicator's layout: DP attention x EP MoE.
+
+Per decoder layer, on every rank:
+
+    h = input_norm(x)                        this DP group's tokens, replicated on its TP ranks
+    a = attention(h)                         this rank's heads: partial over attn-TP
+    moe_in, x = gather_tokens(a, sizes, residual=x, norm_weight=post_attention_norm)
+                                             every DP group's tokens, reduced, normed
+    y = experts(moe_in) + shared(moe_in)     this rank's experts / slices: partial over the world
+    x = x + scatter_tokens(y, sizes)         back to this DP group's tokens, reduced
+
+The router runs replicated on every token; a token's routes to experts this rank does not own
+go to the experts module's "skip" index. The attention, norm, router and expert modules are
+the transformers model's own (with cut weights), so the arithmetic is the model's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..counts import Counts
+from .build import is_moe_layer, layers
+from .families import Family
+from .plan import RankPlan
+
+
+def attention_mask(positions: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """(n, 1, q, length) additive mask: key position j visible to a query at position p iff j <= p."""
+    keys = torch.arange(length, device=positions.device)
+    hidden = keys[None, None, :] > positions[:, :, None]
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=positions.device)
+    return mask.masked_fill_(hidden, torch.finfo(dtype).min)[:, None]
+
+
+class ParallelCausalLM:
+    """What `parallelize` returns. `forward(input_ids, positions, cache, sizes)` runs this DP
+    group's sequences (n, q) and returns their logits (n, q, vocab).
+
+    sizes: tokens per DP group this forward (n * q each), as a list, a `Counts` holding this
+    group's own count (exchanged in the first layer's gather), or an int32 device tensor (then
+    every rank passes the same capacity n, of which the leading sizes[d] // q sequences are real:
+    the CUDA-graph path).
+    """
+
+    def __init__(self, model, comm, family: Family, plan: RankPlan):
+        self.model, self.comm, self.family, self.plan = model, comm, family, plan
+        self.config = model.config
+        self.layers = list(layers(model))
+        self.moe = [is_moe_layer(model, family, i) for i in range(len(self.layers))]
+        self.first_expert = plan.experts.start
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, sizes) -> torch.Tensor:
+        n, q = input_ids.shape
+        x = self.model.model.embed_tokens(input_ids).reshape(n * q, self.config.hidden_size)
+        valid = None
+        if isinstance(sizes, torch.Tensor):  # device counts: rows past the real ones skip the experts
+            valid = torch.arange(self.comm.layout.attn_dp * n * q, device=x.device) < sizes.sum()
+        elif not isinstance(sizes, Counts):
+            sizes = list(sizes)
+        rotary = self._rotary(x, positions, cache)
+        for i, layer in enumerate(self.layers):
+            x = self._layer(i, layer, x, (n, q), rotary, cache, sizes, valid)
+        x = self.model.model.norm(x)
+        return self.model.lm_head(x).reshape(n, q, self.config.vocab_size)
+
+    __call__ = forward
+
+    def _rotary(self, x, positions, cache):
+        if positions.shape[0] == 0:
+            return None
+        cache.bind(positions)
+        cos_sin = self.model.model.rotary_emb(x, positions)
+        return cos_sin, attention_mask(positions, cache.positions, x.dtype)
+
+    def _layer(self, i, layer, x, shape, rotary, cache, sizes, valid):
+        f = self.family
+        residual = x
+        h = getattr(layer, f.input_norm)(x)
+        a = self._attention(getattr(layer, f.attention), h, shape, rotary, cache)
+        norm = getattr(layer, f.post_attention_norm)
+        moe_in, residual = self.comm.gather_tokens(a, sizes, residual=residual, norm_weight=norm.weight,
+                                                   eps=norm.variance_epsilon)
+        y = self._ffn(i, getattr(layer, f.mlp), moe_in, valid)
+        return residual + self.comm.scatter_tokens(y, sizes)[: residual.shape[0]]
+
+    def _attention(self, attention, h, shape, rotary, cache):
+        if rotary is None:  # no sequences in this DP group: nothing to attend
+            return torch.zeros_like(h)
+        (cos_sin, mask), (n, q) = rotary, shape
+        out, _ = attention(hidden_states=h.reshape(n, q, -1), position_embeddings=cos_sin,
+                           attention_mask=mask, past_key_values=cache)
+        return out.reshape(n * q, -1).contiguous()
+
+    def _ffn(self, i, mlp, x, valid):
+        """This rank's share of the MLP / MoE output for all tokens (partial over the world)."""
+        if x.shape[0] == 0:
+            return torch.zeros_like(x)
+        if not self.moe[i]:
+            return mlp(x)  # a dense layer: intermediate dim cut over the world
+        f = self.family
+        _, weights, experts = getattr(mlp, f.router)(x)
+        module = getattr(mlp, f.experts)
+        local = experts - self.first_expert
+        own = (local >= 0) & (local < module.num_experts)
+        if valid is not None:
+            own &= valid[:, None]
+        local = torch.where(own, local, module.num_experts)
+        out = module(x, local, torch.where(own, weights, torch.zeros_like(weights)))
+        if f.shared_experts:
+            out = out + getattr(mlp, f.shared_experts)(x)
+        return out

@@ -1,0 +1,159 @@
+"""hybridcomm.hf: transformers MoE models (Qwen3-MoE, Mixtral, DeepSeek-V3 with MLA) as DP
+attention x EP MoE on 4 gloo ranks, logits of every DP group's sequences against the
+unmodified single-process model (fp32), prefill and decode steps with uneven groups and a
+group with no sequences."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytest.importorskip("transformers")
+
+import hybridcomm as hc  # noqa: E402
+from hybridcomm import hf  # noqa: E402
+from hybridcomm.hf import check, configs  # noqa: E402
+
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3"]
+# (name, attn_tp, moe_tp): every kind of world-4 layout
+LAYOUTS = [("dp4", 1, 1), ("dp2xtp2", 2, 1), ("tp4", 4, 1), ("dp4,moe_tp2", 1, 2), ("dp2xtp2,moe_tp2", 2, 2)]
+SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: uneven, one group empty
+
+
+def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
+                              experts: str | None = None) -> dict:
+    layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
+    comm = hc.Communicator(layout)
+    config = configs.make(f"{family}-tiny")
+    model = hf.from_config(config, comm, seed=7)
+    if experts is not None:
+        model.model.set_experts_implementation(experts)
+    counts = SEQUENCES[layout.attn_dp]
+    dp = layout.coords(comm.rank).attn_dp_rank
+    prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
+    decoder = hf.Decoder(model, slots=max(counts), max_len=12, graphs=False, device_counts=device_counts)
+    fed, logits = check.decode(decoder, prompts, check.pause_schedule(counts, 4))
+    return check.compare(hf.reference_model(config, seed=7), prompts, fed, logits)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[name for name, _, _ in LAYOUTS])
+def test_logits_match_single_process(pool, family, layout):
+    _, attn_tp, moe_tp = layout
+    results = pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, timeout=300)
+    for rank, r in enumerate(results):
+        assert r["max_rel_error"] < 1e-5, (rank, r)
+        assert r["top1_agreement"] == 1.0, (rank, r)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[4]], ids=[LAYOUTS[0][0], LAYOUTS[4][0]])
+def test_graph_path_with_device_counts(pool, family, layout):
+    """The CUDA-graph step's code (bucket-sized static buffers, filler rows, counts in an int32
+    tensor, capacity-sized transitions), run eagerly on CPU."""
+    _, attn_tp, moe_tp = layout
+    for r in pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, True, timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+def test_batched_mm_experts(pool):
+    """batched_mm, what GPU runs use for dtypes other than bf16, skips the routes of experts a
+    rank does not own."""
+    for r in pool(4).run(_decode_against_reference, "deepseek_v3", 2, 2, True, "batched_mm", timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+def _parallelize_materialised_model() -> float:
+    """parallelize() of a materialised transformers model copies only this rank's shard."""
+    comm = hc.Communicator(hc.Layout(dist.get_world_size(), attn_tp=2))
+    config = configs.make("qwen3_moe-tiny")
+    full = hf.reference_model(config, seed=3)
+    model = hf.parallelize(full, comm)
+    n_local = model.model.model.layers[0].mlp.experts.gate_up_proj.shape[0]
+    assert n_local == config.num_experts // 4
+    prompts = check.dp_prompts(config.vocab_size, [2, 2], 4, model.comm.layout.coords(comm.rank).attn_dp_rank)
+    fed, logits = check.decode(hf.Decoder(model, slots=2, max_len=8), prompts, [[2, 2], [1, 2]])
+    return check.compare(full, prompts, fed, logits)["max_rel_error"]
+
+
+def test_parallelize_a_materialised_model(pool):
+    assert max(pool(4).run(_parallelize_materialised_model)) < 1e-5
+
+
+def _steps_from_own_counts() -> float:
+    """Eager steps given no counts exchange each DP group's own count (hc.Counts) themselves."""
+    comm = hc.Communicator(hc.Layout(dist.get_world_size()))
+    config = configs.make("mixtral-tiny")
+    decoder = hf.Decoder(hf.from_config(config, comm, seed=2), slots=2, max_len=8)
+    counts = [2, 1, 0, 2]
+    prompts = check.dp_prompts(config.vocab_size, counts, 3, comm.rank)
+    logits = [decoder.prefill(prompts)]
+    fed = [[] for _ in range(counts[comm.rank])]
+    for _ in range(2):
+        tokens = logits[-1][:, -1].argmax(-1)
+        for s, t in enumerate(tokens.tolist()):
+            fed[s].append(t)
+        logits.append(decoder.step(tokens)[:, None])
+    ours = [torch.cat([step[s] for step in logits]) for s in range(counts[comm.rank])]
+    return check.compare(hf.reference_model(config, seed=2), prompts, fed, ours)["max_rel_error"]
+
+
+def test_steps_from_own_counts(pool):
+    assert max(pool(4).run(_steps_from_own_counts)) < 1e-5
+
+
+def _from_checkpoint(path: str) -> float:
+    comm = hc.Communicator(hc.Layout(dist.get_world_size()))
+    model = hf.from_pretrained(path, comm, dtype=torch.float32)
+    from transformers import AutoModelForCausalLM
+
+    full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    prompts = check.dp_prompts(full.config.vocab_size, [1] * 4, 4, comm.rank)
+    fed, logits = check.decode(hf.Decoder(model, slots=1, max_len=8), prompts, [[1] * 4] * 2)
+    return check.compare(full, prompts, fed, logits)["max_rel_error"]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek_v3"])
+def test_from_a_local_checkpoint(pool, tmp_path, family):
+    """A checkpoint saved by transformers (per-expert tensors on disk, Mixtral's renamed
+    modules) loads shard by shard and matches transformers' own from_pretrained."""
+    hf.reference_model(configs.make(f"{family}-tiny"), seed=5).save_pretrained(tmp_path)
+    assert max(pool(4).run(_from_checkpoint, str(tmp_path))) < 1e-5
+
+
+def test_unsupported_architecture_names_what_is_missing():
+    from transformers import LlamaConfig
+
+    with pytest.raises(hf.UnsupportedModel, match="'llama' is not supported"):
+        hf.family_of(LlamaConfig())
+
+
+def test_missing_module_is_named():
+    from hybridcomm.hf.build import check_structure, meta_model
+    from transformers import Qwen3MoeForCausalLM
+
+    model = meta_model(Qwen3MoeForCausalLM, configs.make("qwen3_moe-tiny"))
+    del model.model.layers[1].mlp.gate
+    with pytest.raises(hf.UnsupportedModel, match=r"model\.layers\.1\.mlp\.gate"):
+        check_structure(model, hf.FAMILIES["qwen3_moe"])
+
+
+def test_layout_that_does_not_divide_the_heads():
+    from hybridcomm.hf.plan import RankPlan
+
+    config = configs.make("qwen3_moe-tiny")
+    with pytest.raises(ValueError, match="num_attention_heads over attn_tp=8"):
+        RankPlan.make(config, hf.FAMILIES["qwen3_moe"], hc.Layout(8, attn_tp=8), 0)
+
+
+def test_bench_model_on_cpu(pool):
+    """`hybridcomm bench model`'s per-point run (eager on CPU): it times, checks and reports."""
+    from hybridcomm.bench.model import format_model_table, run_model_bench, verdict
+
+    runs = pool(4).run(run_model_bench, "qwen3_moe-tiny", 1, "dp2xtp2", None, [3, 0], ["reference"], 3,
+                       "float32", True, 0, timeout=300)
+    assert all(r == runs[0] for r in runs)
+    row = runs[0]["backends"][0]
+    assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
+    assert row["step_us"] > 0 and row["comm_us"] > 0
+    results = {"results": runs[:1]}
+    assert "reference" in format_model_table(results) and "PASS" in verdict(results)

@@ -1,0 +1,60 @@
+"""hybridcomm.hf on GPUs: decode steps as CUDA graphs replayed with device-side counts (one
+capture per bucket), NCCL graphs with host counts, against the single-GPU model. Runs on 2
+GPUs (dp2, tp2) or 4 (dp2xtp2, dp4, tp4, dp2xtp2 with moe_tp 2); skipped without GPUs."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import gpu_count, needs_gpus
+
+pytest.importorskip("transformers")
+
+import hybridcomm as hc  # noqa: E402
+from hybridcomm import hf  # noqa: E402
+from hybridcomm.hf import check, configs  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, needs_gpus(2)]
+WORLD = 4 if gpu_count() >= 4 else 2
+LAYOUTS = {2: [("dp2", 1, 1), ("tp2", 2, 1)],
+           4: [("dp2xtp2", 2, 1), ("dp4", 1, 1), ("tp4", 4, 1), ("dp2xtp2,moe_tp2", 2, 2)]}[WORLD]
+SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
+
+
+def _graph_decode(family: str, attn_tp: int, moe_tp: int, backend: str, dtype_name: str) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
+    comm = hc.Communicator(layout, backend=backend)
+    dtype = getattr(torch, dtype_name)
+    config = configs.make(f"{family}-tiny")
+    model = hf.from_config(config, comm, seed=11, dtype=dtype)
+    counts = SEQUENCES[layout.attn_dp]
+    dp = layout.coords(comm.rank).attn_dp_rank
+    prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
+    decoder = hf.Decoder(model, slots=max(counts), max_len=14, graphs=True, device_counts=backend != "nccl")
+    schedule = check.pause_schedule(counts, 6)
+    fed, logits = check.decode(decoder, prompts, schedule)
+    result = check.compare(hf.reference_model(config, device=comm.device, dtype=dtype, seed=11), prompts, fed, logits)
+    result["graphs"] = len(decoder._captured)
+    result["keys"] = len({decoder.graph_key(c) for c in schedule})  # buckets (device counts) or count mixes
+    result["mixes"] = len({tuple(c) for c in schedule})
+    return result
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[name for name, _, _ in LAYOUTS])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_decode_matches_one_gpu(pool, family, layout, dtype):
+    _, attn_tp, moe_tp = layout
+    for r in pool(WORLD, "cuda").run(_graph_decode, family, attn_tp, moe_tp, "auto", dtype, timeout=600):
+        assert r["max_rel_error"] < TOLERANCE[dtype], r
+        if dtype == "float32":
+            assert r["top1_agreement"] == 1.0, r
+        assert r["graphs"] == r["keys"] <= r["mixes"], r  # one capture per bucket, not per count mix
+
+
+def test_nccl_graphs_with_host_counts(pool):
+    name, attn_tp, moe_tp = LAYOUTS[0]
+    for r in pool(WORLD, "cuda").run(_graph_decode, "qwen3_moe", attn_tp, moe_tp, "nccl", "float32", timeout=600):
+        assert r["max_rel_error"] < TOLERANCE["float32"] and r["top1_agreement"] == 1.0, r

@@ -1,0 +1,193 @@
+"""Quantized gathers (hybridcomm.quant) on gloo workers, and the quantizers themselves.
+
+Every format x every layout of worlds 1, 2, 4 x uneven counts including zero x host and
+device-side counts: data and scales bit for bit equal to the reference quantizer applied
+to the reference (unquantized) result, dequantized values within the format's bound."""
+
+import pytest
+import torch
+
+from hybridcomm import Layout
+from hybridcomm.quant import FORMATS, QuantizedRows, quantize, swizzle_128x4
+from hybridcomm.quant.check import HIDDEN, check_quant_cases, compare_quantized, quant_cases
+from hybridcomm.quant.reference import e2m1_codes, to_e4m3
+from hybridcomm.quant.swizzle import swizzled_offset
+
+
+def run_quant_checked(pool, world, qcases, exact="all"):
+    per_rank = pool(world).run(check_quant_cases, qcases, "auto", "auto", exact, timeout=280)
+    failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
+                for q, (d, _) in zip(qcases, res) if d]
+    # a gather's result is the same bits on every rank of the group
+    for i, q in enumerate(qcases):
+        lay = q.case.layout
+        group = "world" if q.case.op == "gather_tokens" else q.case.group
+        for members in {lay.group_ranks(group, r) for r in range(lay.world_size)}:
+            if len({per_rank[r][i][1] for r in members}) > 1:
+                failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
+    assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_quantized_gathers_bit_equal_to_quantized_reference(pool, world):
+    qcases = [q for lay in Layout.all_for_world(world) for q in quant_cases(lay, seed=world)]
+    run_quant_checked(pool, world, qcases)
+
+
+@pytest.mark.timeout(300)
+def test_quantized_gathers_fp32_and_fp16_inputs(pool):
+    lays = [Layout(2), Layout(2, attn_tp=2)]
+    qcases = [q for lay in lays for q in quant_cases(lay, dtypes=("float32", "float16"), device_sizes=(False,), seed=7)]
+    run_quant_checked(pool, 2, qcases)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("exact", ["own_norm", "bound"])
+def test_the_gpu_tests_comparisons_run_on_cpu(pool, exact):
+    """test_gpu_quant.py compares fused cases with our own normed rows and NCCL within the
+    bound: the same checks on the reference backend (where both must pass)."""
+    qcases = [q for lay in (Layout(2), Layout(2, attn_tp=2)) for q in quant_cases(lay, seed=11)]
+    run_quant_checked(pool, 2, qcases, exact)
+
+
+# -- bad input ------------------------------------------------------------------------------
+def _bad_call(kind):
+    import torch.distributed as dist  # noqa: F401
+    import hybridcomm as hc
+    from hybridcomm.check import communicator
+
+    comm = communicator(hc.Layout(2))
+    x = torch.randn(3, 256)
+    calls = {
+        "unknown format": lambda: comm.gather_tokens(x, [3, 3], quant="int4"),
+        "hidden not a multiple": lambda: comm.gather_tokens(torch.randn(3, 200), [3, 3], quant="fp8_block128"),
+        "nvfp4 hidden not a multiple": lambda: comm.all_gather_v(torch.randn(3, 24), [3, 3], quant="nvfp4",
+                                                                  global_scale=1.0),
+        "missing global scale": lambda: comm.all_gather_v(x, [3, 3], quant="nvfp4"),
+        "bad global scale": lambda: comm.all_gather_v(x, [3, 3], quant="nvfp4", global_scale=-2.0),
+        "global scale tensor dtype": lambda: comm.all_gather_v(x, [3, 3], quant="nvfp4",
+                                                               global_scale=torch.ones(1, dtype=torch.float64)),
+        "global scale for fp8": lambda: comm.all_gather_v(x, [3, 3], quant="fp8", global_scale=1.0),
+        "integer dtype": lambda: comm.all_gather_v(torch.ones(3, 256, dtype=torch.int32), [3, 3], quant="fp8"),
+        "3-d rows": lambda: comm.all_gather_v(torch.randn(3, 2, 128), [3, 3], quant="fp8"),
+    }
+    try:
+        calls[kind]()
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+BAD = {"unknown format": "quant", "hidden not a multiple": "200", "nvfp4 hidden not a multiple": "16",
+       "missing global scale": "global_scale", "bad global scale": "global_scale",
+       "global scale tensor dtype": "float64", "global scale for fp8": "global_scale",
+       "integer dtype": "int32", "3-d rows": "2-d"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", list(BAD))
+def test_bad_input_raises_value_error_on_every_rank(pool, kind):
+    messages = pool(2).run(_bad_call, kind)
+    for m in messages:
+        assert m is not None and BAD[kind] in m, m
+
+
+# -- the quantizers against hand-computed values ------------------------------------------------
+def test_e2m1_rounds_to_nearest_even_and_saturates():
+    q = torch.tensor([0.0, 0.2, 0.25, 0.26, 0.5, 0.75, 1.0, 1.25, 1.3, 1.5, 1.75, 2.0, 2.5, 2.6, 3.0,
+                      3.5, 4.0, 5.0, 5.01, 6.0, 7.0, 1e30, -0.0, -0.25, -0.75, -5.0, -100.0])
+    want = [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 5, 5,
+            6, 6, 6, 7, 7, 7, 7, 8, 8, 8 | 2, 8 | 6, 8 | 7]
+    assert e2m1_codes(q).tolist() == want
+
+
+def test_e4m3_saturates_and_rounds_to_nearest_even():
+    v = torch.tensor([448.0, 460.0, 1e6, -1e6, 2.0 ** -10, 3 * 2.0 ** -11, 1.5 * 2.0 ** -9, 17.0, 19.0])
+    got = to_e4m3(v).float().tolist()
+    # 2^-10: tie between 0 and 2^-9 -> 0; 17: tie between 16 and 18 -> 16 (even); 19: 18 or 20 -> 20
+    assert got == [448.0, 448.0, 448.0, -448.0, 0.0, 2.0 ** -9, 2.0 ** -8, 16.0, 20.0]
+
+
+def test_fp8_per_token_by_hand():
+    x = torch.zeros(2, 128)
+    x[0, 0], x[0, 1], x[0, 2] = 3.5, -1.75, 0.001
+    q = quantize(x, "fp8")
+    scale = torch.tensor(3.5) / torch.tensor(448.0)
+    assert q.scales.shape == (2, 1) and q.scales[0, 0] == scale
+    inv = torch.tensor(1.0) / scale
+    assert q.data[0, :3].float().tolist() == [448.0, -224.0, to_e4m3(torch.tensor(0.001) * inv).item()]
+    # all-zero row: the amax floor 1e-10 gives a finite scale and zero data
+    assert q.scales[1, 0] == torch.tensor(1e-10, dtype=torch.float32) / torch.tensor(448.0)
+    assert (q.data[1].float() == 0).all()
+
+
+def test_fp8_block128_scales_per_block():
+    x = torch.zeros(1, 256)
+    x[0, 5], x[0, 130] = 2.0, -8.0
+    q = quantize(x, "fp8_block128")
+    assert torch.equal(q.scales, (torch.tensor([2.0, 8.0]) / torch.tensor(448.0)).view(1, 2))
+    assert q.data[0, 5].float() == 448.0 and q.data[0, 130].float() == -448.0
+
+
+def test_nvfp4_by_hand():
+    x = torch.zeros(1, 32)
+    x[0, :4] = torch.tensor([6.0, 3.0, -1.0, 0.2])  # block 0: amax 6
+    g = torch.tensor([2.0])
+    q = quantize(x, "nvfp4", g)
+    # s = 2 * (6 / 6) = 2 -> e4m3 2.0; inv = 2 / 2 = 1; codes 6->7, 3->5, -1->8|2, 0.2->0
+    assert q.scales.float().tolist() == [[2.0, 0.0]]
+    assert q.data[0, :2].tolist() == [7 | (5 << 4), (8 | 2) | (0 << 4)]
+    assert (q.data[0, 8:] == 0).all()  # the all-zero block: scale 0, codes 0
+    assert torch.equal(q.dequantize()[0, :4], torch.tensor([6.0, 3.0, -1.0, 0.0]))
+
+
+def test_swizzle_matches_the_cutlass_offsets():
+    rows, cols = 130, 6
+    scales = torch.arange(rows * cols, dtype=torch.int32).view(rows, cols)
+    flat = swizzle_128x4(scales).view(-1)
+    assert flat.numel() == 256 * 8
+    for r in range(rows):
+        for c in range(cols):
+            assert flat[swizzled_offset(r, c, cols)] == scales[r, c]
+    assert (flat != 0).sum() == rows * cols - 1  # padding is zero (and so is scales[0, 0])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_dequantized_error_is_within_the_bound_and_the_bound_can_fail(fmt):
+    x = torch.randn(7, HIDDEN).bfloat16() * 3
+    g = torch.tensor([448 * 6 / x.float().abs().max().item()]) if FORMATS[fmt].needs_global_scale else None
+    q = quantize(x, fmt, g)
+    assert compare_quantized(q, q, x) == ""
+    wrong = QuantizedRows(q.data, q.scales * 2 if fmt != "nvfp4" else
+                          (q.scales.float() * 2).to(q.scales.dtype), fmt, q.global_scale)
+    assert "bound" in compare_quantized(wrong, wrong, x)
+    assert "bytes differ" in compare_quantized(wrong, q, x)
+
+
+def _engines_path_matches(layout_name, counts, fmt):
+    import hybridcomm as hc
+    from hybridcomm.bench.quant import QuantThenGather
+    from hybridcomm.check import communicator
+
+    layout = hc.Layout.parse(layout_name)
+    comm = communicator(layout)
+    g = torch.ones(1) * 100.0 if FORMATS[fmt].needs_global_scale else None
+    buffers = [torch.zeros(1 << 16, dtype=torch.uint8) for _ in range(5)]
+    engines = QuantThenGather(comm, buffers, fmt, 256, g)
+    torch.manual_seed(comm.rank // layout.attn_tp)  # replicated over attn-TP: x + x is exact in any dtype
+    x = engines.input(counts[comm.groups["attn_dp"].index])
+    x.copy_(torch.randn(x.shape).to(x.dtype))
+    data, scales = engines.gather(x, counts)
+    want = comm.gather_tokens(x, counts, quant=fmt, global_scale=g)
+    return torch.equal(data, want.data.view(torch.uint8)) and torch.equal(scales, want.scales.view(torch.uint8))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["dp2", "tp2"])
+def test_the_benchmarks_engine_path_moves_the_same_bytes(pool, layout):
+    """bench quant's quantize-then-NCCL baseline (here over gloo, which needs even counts)
+    gathers what we gather."""
+    counts = [3, 3] if layout == "dp2" else [4]
+    for fmt in FORMATS:
+        assert all(pool(2).run(_engines_path_matches, layout, counts, fmt))
