@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
-#   bash scripts/gpu_check.sh [stage ...]     stages: info build test check ops transitions layer quant ncu
-# (default: all but quant (quantized-gather tests and bench quant) and ncu). NVLink multicast
-# stays off (docs/architecture.md, "The kernel protocols"): never remove these exports.
+#   bash scripts/gpu_check.sh [stage ...]
+#   stages: info build test check ops transitions layer quant model nodes ncu
+# (default: info build test check ops transitions layer). nodes: every GPU as two simulated
+# nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
+# "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -20,6 +22,7 @@ else
   LAYOUTS=dp2,tp2; LAYER_LAYOUTS="--layout dp2 --layout tp2"; MAIN=dp2
 fi
 echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS"
+RPN=$((GPUS / 2))
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
   local name=$1; shift
@@ -35,8 +38,12 @@ for stage in $stages; do
   case $stage in
     info) run info python3 -m hybridcomm info --layout "$MAIN" ;;
     build) run build python3 -m hybridcomm build ;;
+    # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
+    # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py ;;
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_quant.py \
+           tests/test_hf_gpu.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
+           "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --world "$WORLD" --layouts "$LAYOUTS" \
@@ -46,9 +53,21 @@ for stage in $stages; do
              --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_$TAG.json" ;;
     # ~1-3 minutes: rank 0's kernels under Nsight Compute (scripts/ncu_profile.py says what the numbers mean)
     ncu) run ncu timeout "${NCU_TIMEOUT:-300}" python3 scripts/ncu_profile.py --world "$WORLD" --out "$LOGS/ncu_$TAG" ;;
-    quant) run quant_test timeout "${TEST_TIMEOUT:-1500}" python3 -m pytest -q -p no:cacheprovider \
-             -o faulthandler_timeout=300 tests/test_gpu_quant.py
-           run quant python3 -m hybridcomm bench quant --out "$LOGS/quant_$TAG.json" ;;
+    nodes)
+      run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
+        tests/test_multinode.py
+      run nodes_check python3 -m hybridcomm check --world "$GPUS" --ranks-per-node "$RPN" --device cuda \
+        --table hierarchical
+      run nodes_bench python3 -m hybridcomm bench nodes --world "$GPUS" --ranks-per-node "$RPN" \
+        --out "$LOGS/nodes_$TAG.json"
+      # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
+      run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
+        --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
+    quant) run quant python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --hidden 4096,7168 \
+             --tokens 1,16,64,128,256,512,1024 --out "$LOGS/quant_$TAG.json" ;;
+    # The main job and the real-shaped models (Qwen3-30B-A3B shapes), NCCL vs hybridcomm.
+    model) run model python3 -m hybridcomm bench model --layout "$MAIN" --out "$LOGS/model_$TAG.json"
+           run model_tp python3 -m hybridcomm bench model --layout "tp$WORLD" --out "$LOGS/model_tp_$TAG.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

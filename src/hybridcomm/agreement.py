@@ -83,7 +83,8 @@ def describe_call(op: str, group: str, x: torch.Tensor, sizes: Sizes | None = No
     # (all_reduce), a scatter's input (sum of sizes), or a capacity (device-side sizes).
     compare_rows = op not in GATHERS or on_device == 1
     return Signature(
-        op=int(OPS[op].code), group=GROUP_NAMES.index(group), dtype=SUPPORTED_DTYPES.index(x.dtype),
+        op=int(OPS[op].code), group=GROUP_NAMES.index(group.split("/")[0]),  # internal legs: their group's
+        dtype=SUPPORTED_DTYPES.index(x.dtype),
         row_shape=_row_dims(tuple(x.shape)), rows=x.shape[0] if compare_rows else NOT_COMPARED,
         sizes_on_device=on_device, sizes=values,
         partial=NOT_COMPARED if partial is None else int(bool(partial)),

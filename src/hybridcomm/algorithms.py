@@ -13,6 +13,12 @@ op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
 
 Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
 (results/): the size where the next algorithm starts winning.
+
+Groups that span nodes use the table of their node count (TABLES: the entry with the largest
+node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
+legs inside a node are the communicator's own ops on the group's node part (so they go
+through TABLE again) and whose legs across nodes run on the group's rails. The thresholds
+there come from the cost model (costmodel.py) until measured on real nodes.
 """
 
 from __future__ import annotations
@@ -85,6 +91,80 @@ TABLE: dict[str, tuple[Rule, ...]] = {
 }
 
 
+# Groups across nodes (backends/hierarchical.py). all_reduce one-shot: all-reduce in the node,
+# then every rank gathers its rail's node sums (two legs, the whole message on the network from
+# every GPU); two-shot: reduce-scatter in the node, all-reduce of 1/L on the rail, all-gather in
+# the node. Gathers and scatters run their rail leg with each GPU's own rows only.
+HIERARCHICAL_TABLE: dict[str, tuple[Rule, ...]] = {
+    "all_reduce": (
+        Rule(256 * KiB, "hierarchical", "one_shot"),
+        Rule(None, "hierarchical", "two_shot"),
+    ),
+    **{op: (Rule(None, "hierarchical", "rail_first"),)
+       for op in ("all_gather_v", "reduce_scatter_v", "gather_tokens", "gather_tokens_norm", "scatter_tokens")},
+}
+
+# What runs across nodes by default: the cost model's choice for 2 and 4 x 8 H200 at 400 Gb/s
+# (README "Across nodes"; to be replaced by measurements on real nodes). Each hierarchical leg
+# over the network is a host-launched NCCL collective with NCCL's fixed cost, so our legs win
+# where they replace NCCL collectives by our kernels: all_reduce to ~128 KB, and the transitions,
+# composed of sub-ops that choose again by this table (attn_tp > 1: gather to 128 tokens per
+# DP group of DP8xTP2, 8 MB gathered; scatter to 1024, 64 MB). Flat NCCL keeps the rest: its
+# rings already send each GPU's share over its rail and pipeline the legs. Device-side sizes
+# always take the hierarchical path (NCCL cannot read them).
+SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
+    "all_reduce": (
+        Rule(128 * KiB, "hierarchical", "one_shot"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    "all_gather_v": (Rule(None, "nccl", "nccl"),),
+    "reduce_scatter_v": (Rule(None, "nccl", "nccl"),),
+    "gather_tokens": (Rule(8 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+    "gather_tokens_norm": (Rule(8 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+    "scatter_tokens": (Rule(64 * MiB, "hierarchical", "rail_first"), Rule(None, "nccl", "nccl")),
+}
+
+# Node count -> table; a group uses the entry with the largest node count <= its own.
+TABLES: dict[int, dict[str, tuple[Rule, ...]]] = {1: TABLE, 2: SPANNING_TABLE}
+
+
+def node_tables(table: dict | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
+    """A Communicator's `table` argument as node count -> table: a table keyed by op replaces
+    the single-node one; one keyed by node count is taken as it is."""
+    if table is None:
+        return dict(TABLES)
+    if all(isinstance(k, int) for k in table):
+        return dict(table)
+    return {**TABLES, 1: table}
+
+
+def table_for_nodes(nodes: int, tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> dict[str, tuple[Rule, ...]]:
+    return tables[max(k for k in tables if k <= nodes)]
+
+
+def choose_across_nodes(op: str, message_bytes: int, nodes: int, device_sizes: bool,
+                        tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> "Choice":
+    """The rule for a group over `nodes` nodes; NCCL rules give way to the hierarchical path
+    when the sizes live on the device."""
+    rule = _rule(table_for_nodes(nodes, tables)[op], message_bytes)
+    if rule.backend == "nccl" and device_sizes and op != "all_reduce":
+        choice = Choice("hierarchical", "rail_first", "device-side sizes: NCCL needs counts on the host")
+    else:
+        choice = Choice(rule.backend, rule.algorithm, f"table for {nodes} nodes")
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s %d bytes over %d nodes -> %s/%s (%s)", op, message_bytes, nodes, choice.backend,
+                  choice.algorithm, choice.reason)
+    return choice
+
+
+def _rule(rules: tuple[Rule, ...], message_bytes: int) -> Rule:
+    """The first rule whose max_bytes holds the message (the last one otherwise)."""
+    for rule in rules:
+        if rule.max_bytes is None or message_bytes <= rule.max_bytes:
+            break
+    return rule
+
+
 @dataclass(frozen=True)
 class Choice:
     backend: str
@@ -95,9 +175,7 @@ class Choice:
 def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | None],
            table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
     """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can)."""
-    for rule in table[op]:
-        if rule.max_bytes is None or message_bytes <= rule.max_bytes:
-            break
+    rule = _rule(table[op], message_bytes)
     blocker = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
     if blocker is not None:
         choice = Choice("nccl", "nccl", blocker)
@@ -124,4 +202,5 @@ NAMED_TABLES = {
     "two_shot": forced(ops.algorithms_where(lambda a: a.name == "two_shot")),
     "bulk": forced(ops.algorithms_where(lambda a: a.protocol is ops.BULK)),
     "lamport": forced(ops.algorithms_where(lambda a: a.protocol is ops.LAMPORT)),
+    "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

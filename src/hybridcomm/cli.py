@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from . import cli_args as ca
+from .algorithms import NAMED_TABLES
 from .layout import Layout
 from .ops import OPS
 
@@ -61,11 +62,12 @@ def cmd_info(args) -> int:
 
 
 # -- check -------------------------------------------------------------------------------------
-def check_world(world: int, quick: bool) -> list:
+def check_world(world: int, quick: bool, ranks_per_node: int | None = None) -> list:
     from .check import cases_for_layout
 
     cases = []
-    for i, layout in enumerate(Layout.all_for_world(world)):
+    for i, single in enumerate(Layout.all_for_world(world)):
+        layout = Layout(world, single.attn_tp, single.moe_tp, ranks_per_node)
         cases += cases_for_layout(layout, dtypes=("float32", "bfloat16"), device_sizes=(False, True), seed=i)
         if not quick:
             cases += cases_for_layout(layout, dtypes=("bfloat16", "float16"), data="randn", row_shape=(64,),
@@ -73,10 +75,13 @@ def check_world(world: int, quick: bool) -> list:
     return cases
 
 
-def _exactness(device: str, backend: str) -> str:
+def _exactness(device: str, backend: str, ranks_per_node: int | None = None) -> str:
     if device == "cpu" or backend == "reference":
         return "all"
-    return "none" if backend == "nccl" else "sums"
+    # Across nodes on GPUs a leg inside a node may run on NCCL (where the table or the workspace
+    # says so), which sums in its own order; with one rank per node those legs only copy.
+    in_node_nccl = ranks_per_node is not None and ranks_per_node > 1
+    return "none" if backend == "nccl" or in_node_nccl else "sums"
 
 
 def _report_check(cases, per_rank) -> int:
@@ -109,8 +114,9 @@ def cmd_check(args) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
         world = dist.get_world_size()
-        cases = check_world(world, args.quick)
-        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend))
+        cases = check_world(world, args.quick, args.ranks_per_node)
+        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
+                               False, args.table)
         gathered = [None] * world
         dist.all_gather_object(gathered, outcomes)
         code = _report_check(cases, gathered) if dist.get_rank() == 0 else 0
@@ -120,11 +126,12 @@ def cmd_check(args) -> int:
 
     device = ca.check_device(args.device or _default_device(), args.world)
     ca.check_backend(args.backend, device)
-    cases = check_world(args.world, args.quick)
+    cases = check_world(args.world, args.quick, args.ranks_per_node)
     _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
               f"{args.world} on {device}, backend {args.backend} ...")
     with SpmdPool(args.world, device) as pool:
-        per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend), timeout=1800)
+        per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
+                            False, args.table, timeout=1800)
     return _report_check(cases, per_rank)
 
 
@@ -175,6 +182,28 @@ def cmd_bench_transitions(args) -> int:
     results = bench_transitions([lay.name for lay in args.layouts], args.world)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
+    return 0
+
+
+def cmd_bench_nodes(args) -> int:
+    from .bench import report
+    from .bench.nodes import bench_nodes
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        print("bench nodes times GPU ranks across simulated nodes: it needs 2+ GPUs", file=sys.stderr)
+        return 2
+    world = args.world or torch.cuda.device_count()
+    rpn = args.ranks_per_node or world // 2
+    default = [f"dp{world}"] + ([f"dp{world // 2}xtp2"] if world >= 4 else [])
+    layouts = args.layouts.split(",") if args.layouts else default
+    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
+    reduce, moves = bench_nodes(world, rpn, layouts, tokens=tokens)
+    print(report.ops_markdown(reduce))
+    print(report.transitions_markdown(moves))
+    if args.out:
+        out = Path(args.out)
+        _write(reduce, str(out.with_name(out.stem + "_all_reduce.json")), "ops")
+        _write(moves, str(out.with_name(out.stem + "_transitions.json")), "transitions")
     return 0
 
 
@@ -229,6 +258,25 @@ def cmd_bench_layer(args) -> int:
         out.with_suffix(".md").write_text(f"{_timing_note(results['graphs'], device)}\n\n```\n"
                                           f"{format_layer_table(results)}\n```\n")
         _progress(f"wrote {out}, {out.with_suffix('.md')} (the layer benchmark draws no plot)")
+    return 0
+
+
+# -- model -------------------------------------------------------------------------------------
+def cmd_model(args) -> int:
+    from . import costmodel
+
+    p = costmodel.Params(net_gbps=args.net_gbps, hop_us=args.hop_us, node_legs=args.node_legs)
+    if args.results:
+        ours, nccl = costmodel.in_node_legs(Path(args.results))
+        p = costmodel.replace(p, ours=ours, nccl=nccl)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for nodes in [int(n) for n in args.nodes.split(",")]:
+        world = nodes * args.gpus_per_node
+        layouts = args.layouts.split(",") if args.layouts else [f"dp{world}", f"dp{world // 2}xtp2", f"tp{world}"]
+        rows = costmodel.predict(nodes, args.gpus_per_node, layouts, tokens, sizes, args.hidden * 2, p)
+        print(costmodel.markdown(rows, nodes, args.gpus_per_node, p))
+        print()
     return 0
 
 
@@ -298,12 +346,31 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
                        help="force a backend (nccl and nvlink need --device cuda); default auto")
     check.add_argument("--quick", action="store_true", help="integer data only")
+    check.add_argument("--ranks-per-node", type=ca.positive_int, default=None,
+                       help="simulate nodes of this many ranks (groups across them run hierarchically)")
+    check.add_argument("--table", choices=sorted(NAMED_TABLES), default="auto",
+                       help="selection table (hierarchical: our path across nodes at every size)")
     check.set_defaults(fn=cmd_check)
 
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")
     build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
     build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
     build.set_defaults(fn=cmd_build)
+
+    model = sub.add_parser("model", help="predicted µs across nodes: flat NCCL vs hierarchical (costmodel.py)")
+    model.add_argument("--nodes", default="2,4", help="node counts, comma-separated")
+    model.add_argument("--gpus-per-node", type=ca.positive_int, default=8, help="GPUs (ranks) per node (default 8)")
+    model.add_argument("--net-gbps", type=float, default=50.0, help="GB/s per GPU and direction (400 Gb/s IB: 50)")
+    model.add_argument("--hop-us", type=float, default=5.0, help="µs per network step of a collective")
+    model.add_argument("--node-legs", choices=["best", "nccl"], default="best",
+                       help="legs in a node: the table's best of ours and NCCL, or NCCL only")
+    model.add_argument("--layouts", default=None, help="default: dp<W>, dp<W/2>xtp2, tp<W>")
+    model.add_argument("--tokens", default="1,4,16,64,2048,8192", help="tokens per DP group")
+    model.add_argument("--sizes", default="2048,32768,262144,1048576,16777216,67108864",
+                       help="all_reduce bytes")
+    model.add_argument("--hidden", type=int, default=4096, help="bf16 row width of the transitions")
+    model.add_argument("--results", default=None, help="a `bench ops --world 4` JSON to take the in-node legs from")
+    model.set_defaults(fn=cmd_model)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
@@ -323,6 +390,14 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
+
+    nodes = bench.add_parser("nodes", help="across simulated nodes: hierarchical vs flat NCCL (GPUs)")
+    nodes.add_argument("--world", type=ca.positive_int, default=None, help="default: every GPU")
+    nodes.add_argument("--ranks-per-node", type=ca.positive_int, default=None, help="default: world / 2")
+    nodes.add_argument("--layouts", default=None, help="default: dp<W> and dp<W/2>xtp2")
+    nodes.add_argument("--tokens", default=None, help="tokens per DP rank (default 1,4,16,64,256,1024)")
+    nodes.add_argument("--out", default=None, help="JSON path stem (_all_reduce / _transitions .json/.md/.png)")
+    nodes.set_defaults(fn=cmd_bench_nodes)
 
     qb = bench.add_parser("quant", help="quantized gather_tokens vs bf16 and quantize-then-NCCL")
     qb.add_argument("--layouts", type=ca.layout_list, default="dp4,dp2xtp2",

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from . import algorithms
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
+from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
 from .counts import Counts, exchange as exchange_counts
 from .errors import CommunicatorClosed
@@ -53,7 +54,8 @@ class Communicator:
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
-    table: the selection table (default algorithms.TABLE); tests and tuning pass others.
+    table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
+        table keyed by node count (algorithms.TABLES) also sets the tables across nodes.
     """
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,
@@ -76,11 +78,13 @@ class Communicator:
         self.device = resolve_device(device)
         self.validate = bool(validate)
         self.timeout_s = float(timeout_s)
-        self.groups = create_groups(layout, self.rank)
+        self.groups = create_groups(layout, self.rank, self.timeout_s)
         self.closed = False
-        self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate)}
+        self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate),
+                         "hierarchical": HierarchicalBackend(self)}
         self.forced = None if backend == "auto" else backend
-        self.table = algorithms.TABLE if table is None else table
+        self.tables = algorithms.node_tables(table)
+        self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
@@ -252,7 +256,7 @@ class Communicator:
         return exchange_counts(sizes, self._group(group), self.device) if isinstance(sizes, Counts) else sizes
 
     def _group(self, name: str) -> Group:
-        if name not in self.groups:
+        if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"
             raise ValueError(f"group: unknown group name {name!r}; valid names are {list(GROUP_NAMES)}")
         return self.groups[name]
 
@@ -303,7 +307,8 @@ class Communicator:
             error = e
         if self.validate and self.layout.world_size > 1 and not self._capturing():
             self._agree(op, None if error else signature(g, result), error)
-        elif error is not None and g is not None and self._on_reference():
+        elif error is not None and g is not None and self._on_reference() and self._nodes(g) == 1:
+            # (Across nodes the legs carry no rejection: peers raise PeerTimeout after timeout_s.)
             self.backends["reference"].reject(op, g, error)
         if error is not None:
             raise error
@@ -334,12 +339,27 @@ class Communicator:
     def _on_reference(self) -> bool:
         return self.forced == "reference" or self.device.type == "cpu"
 
+    def _nodes(self, group: Group) -> int:
+        """Nodes a group spans where it has rails (hierarchical legs), else 1."""
+        return len(set(group.nodes)) if f"{group.name}/rail" in self.groups else 1
+
     def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
                 quant: QuantSpec | None = None):
-        if self.forced in ("reference", "nccl") or self.device.type == "cpu":
-            name = self.forced or "reference"
-            self.last_choice = algorithms.Choice(name, None, f"backend={name!r}" if self.forced else "CPU")
-            return self.backends[name], None
+        if self.forced in ("reference", "nccl"):
+            self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
+            return self.backends[self.forced], None
+        nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
+        if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
+            choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
+                                                    sizes is not None and sizes.on_device, self.tables)
+            if self.device.type == "cpu" and choice.backend == "nccl":
+                choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
+                                           "CPU: no NCCL")
+            self.last_choice = choice
+            return self.backends[choice.backend], choice.algorithm
+        if self.device.type == "cpu":
+            self.last_choice = algorithms.Choice("reference", None, "CPU")
+            return self.backends["reference"], None
         nvlink = self.backends.get("nvlink")
 
         def blocker(algorithm: str) -> str | None:

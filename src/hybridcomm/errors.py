@@ -12,10 +12,11 @@ class PeerTimeout(HybridCommError):
     `Communicator.check_errors()`), with the op, the group and the peer it waited for.
     """
 
-    def __init__(self, op: str, group: str, peer: int, timeout_s: float):
+    def __init__(self, op: str, group: str, peer: int | tuple[int, ...], timeout_s: float):
         self.op, self.group, self.peer, self.timeout_s = op, group, peer, timeout_s
+        who = f"peer rank {peer}" if isinstance(peer, int) else f"one of peer ranks {list(peer)}"
         super().__init__(
-            f"{op} on group {group!r}: peer rank {peer} did not arrive within {timeout_s:g} s "
+            f"{op} on group {group!r}: {who} did not arrive within {timeout_s:g} s "
             f"(did that rank skip or reorder a call?). This communicator cannot be used any more."
         )
 

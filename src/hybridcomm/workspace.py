@@ -1,6 +1,7 @@
 """The nvlink backend's memory: one symmetric buffer per communicator, cut into regions.
 
-Every distinct group of the layout (attn_tp, attn_dp, moe_tp, moe_ep, world; groups with
+Every distinct group inside one node (attn_tp, attn_dp, moe_tp, moe_ep, world, and across nodes
+the node parts `<group>/node` of groups that span nodes, topology.py; groups with
 the same members share one) gets a region on every rank:
 
     [flags 16.25 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from .abi import (FLAG_BYTES, LAMPORT_SLOTS, LAMPORT_STATE_WORDS, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs,
                   LamportArgs, decode_error)
-from .groups import Group
+from .groups import Group, leg_name, member_sets
 from .layout import GROUP_NAMES, Layout
 from .ops import LAMPORT, LL
 
@@ -48,12 +49,16 @@ def region_bytes(members: int, area_bytes: int) -> int:
 
 def region_groups(layout: Layout) -> tuple[dict[str, tuple], str | None]:
     """Group name -> partition key (all groups of that name) for every group name that gets a
-    region, and why none do (or None). The same on every rank."""
-    if layout.num_nodes > 1:
-        return {}, "the layout spans nodes; the nvlink workspace is single-node (NCCL across nodes)"
-    if layout.world_size > MAX_RANKS:
-        return {}, f"world of {layout.world_size} ranks; our kernels handle groups of 2-{MAX_RANKS}"
-    keys = {name: tuple(layout.groups(name)) for name in GROUP_NAMES if len(layout.group_ranks(name, 0)) > 1}
+    region, and why none do (or None). The same on every rank. Regions exist for groups of
+    2+ ranks inside one node: on one node every group; across nodes the groups that stay in
+    a node and the node parts (`<group>/node`) of those that do not."""
+    per_node = layout.ranks_per_node or layout.world_size
+    if per_node > MAX_RANKS:
+        return {}, f"{per_node} ranks per node; our kernels handle groups of 2-{MAX_RANKS}"
+    keys = {name: tuple(sets) for name, sets in member_sets(layout).items()
+            if len(sets[0]) > 1 and not layout.spans_nodes(sets[0])}
+    if not keys:
+        return {}, "no group of 2+ ranks inside one node"
     return keys, None
 
 
@@ -111,8 +116,11 @@ class Workspace:
             offsets[key] = self.total_bytes
             sizes[key] = region_bytes(len(key[0]), area_bytes)
             self.total_bytes += sizes[key]
-        peers = self._rendezvous(device, [(offsets[k] + ll_bytes(len(k[0]), area_bytes), offsets[k] + sizes[k])
-                                          for k in partitions])
+        sentinels = [(offsets[k] + ll_bytes(len(k[0]), area_bytes), offsets[k] + sizes[k]) for k in partitions]
+        # Peers share memory inside a node only: the rendezvous is over this rank's node.
+        node = groups.get(leg_name("world", "node")) if layout.num_nodes > 1 else None
+        peers = dict(zip(node.ranks, self._rendezvous(device, node.pg, sentinels))) if node else \
+            dict(enumerate(self._rendezvous(device, dist.group.WORLD, sentinels)))
         self.error_word = torch.zeros(1, dtype=torch.int64, device=device)
         self.error_mirror = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         try:  # a numpy view reads in ~0.1 µs; without numpy the tensor read costs a few µs
@@ -131,27 +139,27 @@ class Workspace:
                 regions=(ctypes.c_void_p * MAX_RANKS)(*[peers[r] + offsets[key] for r in g.ranks]),
                 state=self.states[key].data_ptr(), error_word=self.error_word.data_ptr(),
                 error_mirror=self.error_mirror.data_ptr(), area_bytes=area_bytes,
-                timeout_ns=int(timeout_s * 1e9), group_id=GROUP_NAMES.index(name), max_blocks=blocks)
+                timeout_ns=int(timeout_s * 1e9), group_id=GROUP_NAMES.index(name.split("/")[0]),
+                max_blocks=blocks)
             lamport = offsets[key] + ll_bytes(g.size, area_bytes)
             self.lamport_args[name] = LamportArgs(
                 bases=(ctypes.c_void_p * MAX_RANKS)(*[peers[r] + lamport for r in g.ranks]),
                 state=self.states[key].data_ptr() + 4 * STATE_WORDS, area_bytes=area_bytes)
 
-    def _rendezvous(self, device: torch.device, sentinel_ranges: list[tuple[int, int]]) -> list[int]:
+    def _rendezvous(self, device: torch.device, group, sentinel_ranges: list[tuple[int, int]]) -> list[int]:
         from torch.distributed import _symmetric_memory as symm_mem
 
-        world = dist.group.WORLD
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
-                symm_mem.enable_symm_mem_for_group(world.group_name)
+                symm_mem.enable_symm_mem_for_group(group.group_name)
         self.buffer = symm_mem.empty(self.total_bytes, dtype=torch.uint8, device=device)
-        self.handle = symm_mem.rendezvous(self.buffer, world)
+        self.handle = symm_mem.rendezvous(self.buffer, group)
         self.buffer.zero_()  # flags start at 0; call flags start at 1
         for begin, end in sentinel_ranges:  # Lamport areas start as "nothing arrived"
             self.buffer[begin:end].fill_(0xFF)
         torch.cuda.synchronize(device)
-        dist.barrier(group=world)
+        dist.barrier(group=group)
         return [int(p) for p in self.handle.buffer_ptrs]
 
     def close(self) -> None:

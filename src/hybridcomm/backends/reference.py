@@ -6,6 +6,7 @@ group order, then rounds once. Every backend reduces in this order, so a kernel 
 does the same produces the same bits, and all ranks holding a value hold the same bits.
 Communicated inputs are seen through reserved.fix_reserved, as in our kernels.
 It favours obviousness over speed: reductions gather every contribution to every rank.
+For a group that spans nodes the order is per node, then over nodes (topology.sum_by_node).
 """
 
 from __future__ import annotations
@@ -20,14 +21,7 @@ from ..groups import Group
 from ..norm import add_rms_norm
 from ..quant.reference import quantized_move
 from ..reserved import fix_reserved
-
-
-def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
-    """fp32 sum in list order: ((p0 + p1) + p2) + ..."""
-    acc = parts[0].float().clone()
-    for p in parts[1:]:
-        acc += p.float()
-    return acc
+from ..topology import sum_by_node
 
 
 # Data that travels in the same all-gather as the header (a fixed size, so the byte counts
@@ -196,7 +190,7 @@ class ReferenceBackend:
         x = fix_reserved(x)
         call = self._call(describe_call("all_reduce", group.name, x), group)
         parts = call.gather(x, [x.shape[0]] * group.size, group)
-        return sum_in_order(parts).to(x.dtype)
+        return sum_by_node(parts, group.nodes, x.dtype).to(x.dtype)
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None):
         x = fix_reserved(x)
@@ -217,7 +211,8 @@ class ReferenceBackend:
         counts = list(sig.sizes)
         mine = x[: counts[dp.index]]
         call.agree(tp)  # also when not partial: every rank must make the same exchanges
-        reduced = sum_in_order(gather_rows(mine, [mine.shape[0]] * tp.size, tp)) if partial else mine
+        parts = gather_rows(mine, [mine.shape[0]] * tp.size, tp) if partial else None
+        reduced = sum_by_node(parts, tp.nodes, x.dtype) if partial else mine
         residual_out = None
         if fusion is None:
             send = reduced.to(x.dtype)
@@ -241,5 +236,5 @@ def _sum_my_rows(x: torch.Tensor, sig: Signature, sizes: Sizes, index: int, over
     counts = list(sig.sizes)
     total, start = sum(counts), sum(counts[:index])
     parts = call.gather(x[:total], [total] * over.size, over)
-    mine = sum_in_order([p[start : start + counts[index]] for p in parts]).to(x.dtype)
+    mine = sum_by_node([p[start : start + counts[index]] for p in parts], over.nodes, x.dtype).to(x.dtype)
     return pad_rows(mine, result_rows(sizes, index, x.shape[0], gathered=False))
