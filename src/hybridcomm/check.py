@@ -116,7 +116,11 @@ def _with_spare(x: torch.Tensor, case: Case) -> torch.Tensor:
 # -- oracle ---------------------------------------------------------------------------------
 def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
     """fp32 sum in list order, ((p0 + p1) + p2) + ...: the order every backend promises.
-    The oracle's own, so that a change to a backend's summation cannot hide from it."""
+    The oracle's own, so that a change to a backend's summation cannot hide from it.
+    One part is returned as it is: a sum over one member is that member's values, bit for bit
+    (an fp32 round trip would turn every NaN into the canonical one)."""
+    if len(parts) == 1:
+        return parts[0].clone()
     total = torch.zeros_like(parts[0], dtype=torch.float32)
     total.copy_(parts[0])
     for part in parts[1:]:

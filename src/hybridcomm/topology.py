@@ -64,7 +64,11 @@ def has_rails(layout: Layout, ranks: tuple[int, ...]) -> bool:
 
 
 def sum_in_order(parts: list[torch.Tensor]) -> torch.Tensor:
-    """fp32 sum in list order: ((p0 + p1) + p2) + ..."""
+    """fp32 sum in list order: ((p0 + p1) + p2) + ... One part is returned as it is (in its
+    own dtype): a sum over one member is that member's values bit for bit, as our kernels and
+    NCCL copy them (an fp32 round trip would turn every NaN into the canonical one)."""
+    if len(parts) == 1:
+        return parts[0].clone()
     acc = parts[0].float().clone()
     for p in parts[1:]:
         acc += p.float()

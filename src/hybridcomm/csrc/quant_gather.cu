@@ -109,7 +109,7 @@ __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s
                                           const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                           float eps, const RowsArg& io, float* row, float* warp_buf) {
   constexpr int kN = Lane<T>::kN;
-  const bool in_bounds = r < io.in_rows, fused = residual != nullptr;
+  const bool in_bounds = r < io.in_rows, fused = weight != nullptr;
   float sumsq = 0.f;
   for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x) {
     const int64_t i = r * s.row_lanes + l;
@@ -197,7 +197,9 @@ __global__ void __launch_bounds__(kThreads)
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
-  const bool fused = residual != nullptr, reduce = partial && tp > 1;
+  // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
+  // null pointer, so it cannot tell).
+  const bool fused = weight != nullptr, reduce = partial && tp > 1;
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, F | (fused ? 4 : 0), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
