@@ -32,7 +32,8 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     ("gather_tokens 16 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 16),
     ("gather_tokens 256 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 256),
     ("gather_tokens 16 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 16),
-    ("gather_tokens 256 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 256),
+    # gather_tokens 256 tokens on dp2xtp2 hung under ncu's kernel replay on 4xH200 (2026-11-22,
+    # cause not investigated); left out so the other profiles finish.
 ]
 HIDDEN = 4096
 WARMUP = 20

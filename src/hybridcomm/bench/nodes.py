@@ -69,7 +69,8 @@ def sweep_transitions(ranks_per_node: int, layout_names: list[str], tokens: list
     device = torch.device("cuda", torch.cuda.current_device())
     most = max(tokens + [transitions.IMBALANCED]) * dist.get_world_size() * transitions.HIDDEN * 2
     symm = NcclSymmetricBuffers([most] * 3, device)
-    plain = [torch.empty(most, dtype=torch.uint8, device=device) for _ in range(3)]
+    plain = [torch.empty(most, dtype=torch.uint8, device=device) for _ in range(4)]
+    no_symm_mem = SimpleNamespace(buffer=None)  # torch symm_mem needs one host: not a baseline across nodes
     records = []
     for name in layout_names:
         layout = replace(Layout.parse(name), ranks_per_node=ranks_per_node)
@@ -79,7 +80,7 @@ def sweep_transitions(ranks_per_node: int, layout_names: list[str], tokens: list
             cases.append(("imbalanced", [transitions.IMBALANCED] + [1] * (layout.attn_dp - 1)))
         for label, counts in cases:
             for op in ("gather_tokens", "scatter_tokens"):
-                names, us = _time(transitions._calls(op, counts, comm, {}, symm, plain),
+                names, us = _time(transitions._calls(op, counts, comm, {}, symm, plain, no_symm_mem),
                                   sum(counts) * transitions.HIDDEN * 2)
                 records += [{"layout": f"{layout.name} ({ranks_per_node}/node)", "op": op, "case": label,
                              "tokens_per_dp": counts, "impl": k, "us": t} for k, t in zip(names, us)]
