@@ -47,25 +47,31 @@ LAMPORT = "one_shot_lamport"  # the one-shot on the Lamport protocol (half LL's 
 # NVLink, twice the payload capacity); not yet measured against it: retune with `bench ops` /
 # `bench transitions`, which time both (hc_one_shot, hc_one_shot_lamport).
 TABLE: dict[str, tuple[Rule, ...]] = {
-    # one-shot wins to 512 KB; LL two-shot ties the bulk one at 1 MB; NCCL from 8 MB.
+    # From results/4xH200/{ops,transitions}_4xH200.md (2026-11-22, 21:10 run), each rule where
+    # its algorithm measured fastest: the LL one-shot below ~128-256 KB (Lamport's re-fill and
+    # 3-slot bookkeeping cost ~1.5 us there: 5.69 vs 4.13 us at 2 KB), Lamport up to its area
+    # (4 MiB payload per peer), then the bulk two-shot or NCCL.
     "all_reduce": (
-        Rule(512 * KiB, "nvlink", LAMPORT),
-        Rule(1 * MiB, "nvlink", "two_shot"),
+        Rule(128 * KiB, "nvlink", "one_shot"),
+        Rule(1 * MiB, "nvlink", LAMPORT),
         Rule(4 * MiB, "nvlink", "two_shot_bulk"),
         Rule(None, "nccl", "nccl"),
     ),
     "all_gather_v": (
-        Rule(8 * MiB, "nvlink", LAMPORT),
+        Rule(256 * KiB, "nvlink", "one_shot"),
+        Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
     "reduce_scatter_v": (
-        Rule(4 * MiB, "nvlink", LAMPORT),
+        Rule(256 * KiB, "nvlink", "one_shot"),
+        Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the gathered output; one-shot to 16 tokens per rank (DP2xTP2, hidden 4096).
+    # Message = the gathered output: LL one-shot to 128 KB (DP2xTP2: 8 tokens per rank at hidden
+    # 4096), Lamport to 8 MB (512 tokens per rank on DP2xTP2 / 256 on DP4).
     "gather_tokens": (
-        Rule(256 * KiB, "nvlink", LAMPORT),
-        Rule(8 * MiB, "nvlink", "two_shot"),
+        Rule(128 * KiB, "nvlink", "one_shot"),
+        Rule(8 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
@@ -82,10 +88,10 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(8 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the world-partial input (all tokens).
+    # Message = the world-partial input (all tokens): LL one-shot to 128 KB, Lamport to 8 MB.
     "scatter_tokens": (
-        Rule(512 * KiB, "nvlink", LAMPORT),
-        Rule(4 * MiB, "nvlink", "two_shot"),
+        Rule(128 * KiB, "nvlink", "one_shot"),
+        Rule(8 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
 }
