@@ -14,6 +14,7 @@ import sys
 import torch
 
 from .layout import Layout
+from .quant import FORMATS as QUANT_FORMATS
 
 BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
                  "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -79,12 +80,15 @@ def _list(item, text: str) -> list:
     return [item(t) for t in items]
 
 
-def _backends(text: str) -> list[str]:
-    names = _list(str.strip, text)
-    bad = [n for n in names if n not in BENCH_BACKENDS]
-    if bad:
-        raise ValueError(f"unknown backend(s) {bad}; valid are {list(BENCH_BACKENDS)}")
-    return names
+def _names(valid, what: str):
+    """A parser of comma-separated names, each one of `valid`."""
+    def parse(text: str) -> list[str]:
+        names = _list(str.strip, text)
+        bad = [n for n in names if n not in valid]
+        if bad:
+            raise ValueError(f"unknown {what}(s) {bad}; valid are {list(valid)}")
+        return names
+    return parse
 
 
 positive_int = _type(_positive, "positive int")
@@ -107,19 +111,9 @@ def _layouts(text: str) -> list[Layout]:
     return [Layout.parse(n) for n in names]
 
 
-def _quant_formats(text: str) -> list[str]:
-    from .quant import FORMATS
-
-    names = _list(str.strip, text)
-    bad = [n for n in names if n not in FORMATS]
-    if bad:
-        raise ValueError(f"unknown format(s) {bad}; valid are {list(FORMATS)}")
-    return names
-
-
 layout_list = _type(_layouts, "layouts")
-backend_list = _type(_backends, "backends")
-quant_list = _type(_quant_formats, "quant formats")
+backend_list = _type(_names(BENCH_BACKENDS, "backend"), "backends")
+quant_list = _type(_names(QUANT_FORMATS, "format"), "quant formats")
 
 
 def check_device(device: str, world: int) -> str:
