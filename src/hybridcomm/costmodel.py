@@ -4,7 +4,7 @@ Every leg costs latency + bytes / bandwidth. Bytes are "bus bytes" per GPU (nccl
 all-reduce 2(n-1)/n of the message, all-gather (n-1)/n of the output, reduce-scatter (n-1)/n
 of the input, for a group of n.
 
-Inside a node (from our 4x H200 run, results/4xH200/ops_4xH200.json, bf16, graph replay):
+Inside a node (from an earlier 4x H200 run, results/model/ops_4xH200_calibration.json, bf16, graph replay):
   latency   = the op's time at 2 KB (hybridcomm column: our kernels; nccl column: NCCL),
   bandwidth = bus bytes / (time - latency), at 4 MB for our kernels (the largest size the
               table gives them for every op) and at 64 MB for NCCL.
@@ -38,7 +38,9 @@ from pathlib import Path
 from .layout import Layout
 
 OPS = ("all_reduce", "all_gather_v", "reduce_scatter_v")
-RESULTS = Path(__file__).resolve().parents[2] / "results" / "4xH200" / "ops_4xH200.json"
+# The `bench ops --world 4` run the model was calibrated on (the LL kernels of the earlier
+# 4xH200 run, kept beside the model's output; re-calibrate when the tables in README change).
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "model" / "ops_4xH200_calibration.json"
 SMALL, OURS_LARGE, NCCL_LARGE = 2 << 10, 4 << 20, 64 << 20
 
 
@@ -59,7 +61,7 @@ class Leg:
         return self.latency_us + bus / (self.gbps * 1e3)
 
 
-# Derived from results/4xH200/ops_4xH200.json by `in_node_legs` (a test re-derives them).
+# Derived from RESULTS by `in_node_legs` (a test re-derives them).
 OURS_4xH200 = {"all_reduce": Leg(4.233, 189.4), "all_gather_v": Leg(5.890, 156.1),
                "reduce_scatter_v": Leg(6.446, 151.4)}
 NCCL_4xH200 = {"all_reduce": Leg(20.900, 318.7), "all_gather_v": Leg(17.301, 269.4),
