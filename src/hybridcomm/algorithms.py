@@ -43,9 +43,6 @@ class Rule:
 
 LAMPORT = "one_shot_lamport"  # the one-shot on the Lamport protocol (half LL's bytes, no flags)
 
-# The Lamport one-shot takes the LL one-shot's range everywhere (same hop, half the bytes on
-# NVLink, twice the payload capacity); not yet measured against it: retune with `bench ops` /
-# `bench transitions`, which time both (hc_one_shot, hc_one_shot_lamport).
 TABLE: dict[str, tuple[Rule, ...]] = {
     # From results/4xH200/{ops,transitions}_4xH200.md (2026-11-22, 21:10 run), each rule where
     # its algorithm measured fastest: the LL one-shot below ~128-256 KB (Lamport's re-fill and
@@ -79,7 +76,9 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
     # Quantized gathers (hybridcomm.quant, csrc/quant_gather.cu); message = the gathered bytes
-    # (data + scales). Not yet measured: the limit is the all_gather_v one-shot's.
+    # (data + scales). results/4xH200/quant_4xH200.md: the kernel beats quantize-then-NCCL 2.6-10x
+    # to 256 tokens per rank (DP4, hidden 4096); past this limit, or past the workspace (LL: half
+    # of workspace_bytes per peer), NCCL runs it. Not tuned further yet.
     "all_gather_v_quant": (
         Rule(8 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
