@@ -48,16 +48,21 @@ def graph_times(call: Callable[[], object], calls: int = 1, replays: int = 1, re
     for _ in range(repeats):
         dist.barrier()
         torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3 / (calls * replays))
+        times.append(replay_us(graph, replays) / calls)
     del graph
     torch.cuda.synchronize()
     return times, out
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """µs per replay of `graph`, timed with CUDA events around `replays` back-to-back replays."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / replays
 
 
 def graph_us(call: Callable[[], object], calls: int, repeats: int = REPEATS) -> float:

@@ -92,14 +92,9 @@ class Decoder:
     def replay_us(self, dp_counts, replays: int) -> float:
         """µs per replay of the captured step for `dp_counts` (timed with CUDA events; each
         replay rewrites the same cache positions, so the cache stays valid)."""
-        graph = self._captured[self.graph_key(dp_counts)][0]
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return begin.elapsed_time(end) * 1e3 / replays
+        from ..bench.timing import replay_us
+
+        return replay_us(self._captured[self.graph_key(dp_counts)][0], replays)
 
     def _static_step(self, tokens, positions, dp_counts):
         n = tokens.shape[0]
