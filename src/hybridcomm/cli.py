@@ -221,6 +221,15 @@ def cmd_bench_quant(args) -> int:
     return 0
 
 
+def _write_with_table(results: dict, table: str, out: str) -> None:
+    """The results as JSON at `out`, the printed table as Markdown beside it."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    path.with_suffix(".md").write_text(f"```\n{table}\n```\n")
+    _progress(f"wrote {path}, {path.with_suffix('.md')}")
+
+
 def cmd_bench_pdl(args) -> int:
     from .bench.pdl import bench_pdl, pdl_table
 
@@ -233,11 +242,7 @@ def cmd_bench_pdl(args) -> int:
     table = pdl_table(results)
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
-        _progress(f"wrote {out}, {out.with_suffix('.md')}")
+        _write_with_table(results, table, args.out)
     return 0
 
 
@@ -338,11 +343,7 @@ def cmd_bench_model(args) -> int:
     table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
-        _progress(f"wrote {out}, {out.with_suffix('.md')}")
+        _write_with_table(results, table, args.out)
     return 0 if "FAIL" not in verdict(results) else 1
 
 
