@@ -36,9 +36,20 @@ def _gather_then_all_reduce(comm, x):
     return comm.all_reduce(_gather_tokens(comm, x))
 
 
+def _gather_tokens_fp8(comm, x):  # the quantized gather kernel (csrc/quant_gather.cu)
+    return comm.gather_tokens(x, [x.shape[0]] * comm.layout.attn_dp, quant="fp8")
+
+
 STEPS = {"all_reduce_2K": ((1, 1024), _all_reduce), "all_reduce_128K": ((16, HIDDEN), _all_reduce),
          "gather_tokens_1": ((1, HIDDEN), _gather_tokens), "gather_tokens_16": ((16, HIDDEN), _gather_tokens),
-         "gather_tokens_16_then_all_reduce": ((16, HIDDEN), _gather_then_all_reduce)}
+         "gather_tokens_16_then_all_reduce": ((16, HIDDEN), _gather_then_all_reduce),
+         "gather_tokens_16_fp8": ((16, HIDDEN), _gather_tokens_fp8)}
+
+
+def _bits(out) -> list[torch.Tensor]:
+    """An op's result as bytes: a tensor, or the data and scales of QuantizedRows."""
+    parts = [out] if isinstance(out, torch.Tensor) else [out.data, out.scales]
+    return [p.contiguous().view(torch.uint8) for p in parts]
 
 
 def gemm_then_op_replays(step: str, replays: int, seed: int) -> list[str]:
@@ -75,10 +86,10 @@ def gemm_then_op_replays(step: str, replays: int, seed: int) -> list[str]:
         a.normal_(generator=gen)
         x.fill_(float("nan"))  # read before the GEMM wrote it: NaN
         graph.replay()
-        expected = op(reference, x)
-        if not torch.equal(out, expected):
-            bad = (out.view(torch.int16) != expected.view(torch.int16)).sum().item()
-            failures.append(f"{step} replay {i}: {bad} of {out.numel()} elements differ from the reference")
+        for got, want in zip(_bits(out), _bits(op(reference, x))):
+            if not torch.equal(got, want):
+                bad = (got != want).sum().item()
+                failures.append(f"{step} replay {i}: {bad} of {got.numel()} bytes differ from the reference")
     torch.cuda.synchronize()
     del graph
     ours.close()
