@@ -53,6 +53,7 @@ def test_a_user_mistake_is_one_line_on_stderr_and_exit_code_2(argv, capsys):
 @pytest.mark.parametrize("argv", [("check", "--device", "cuda", "--world", "2"),
                                   ("bench", "ops", "--device", "cuda", "--world", "2"),
                                   ("bench", "layer", "--device", "cuda"),
+                                  ("bench", "pdl"),
                                   ("check", "--backend", "nvlink")])
 def test_no_gpu_is_one_line_too(argv, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
+"""hybridcomm info | check | build | bench {ops,transitions,quant,pdl,layer}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -221,6 +221,31 @@ def cmd_bench_quant(args) -> int:
     return 0
 
 
+def _write_with_table(results: dict, table: str, out: str) -> None:
+    """The results as JSON at `out`, the printed table as Markdown beside it."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    path.with_suffix(".md").write_text(f"```\n{table}\n```\n")
+    _progress(f"wrote {path}, {path.with_suffix('.md')}")
+
+
+def cmd_bench_pdl(args) -> int:
+    from .bench.pdl import bench_pdl, pdl_table
+
+    if not torch.cuda.is_available():
+        raise ca.UsageError("bench pdl times our CUDA kernels launched with and without PDL: it needs GPUs "
+                            "(torch.cuda.is_available() is False)")
+    world = args.world or (4 if torch.cuda.device_count() >= 4 else 2)
+    ca.check_device("cuda", world)
+    results = bench_pdl(world)
+    table = pdl_table(results)
+    print(table)
+    if args.out:
+        _write_with_table(results, table, args.out)
+    return 0
+
+
 def _token_lists(counts: list[int], imbalanced: bool) -> list:
     tokens: list = list(counts)
     if imbalanced:
@@ -318,11 +343,7 @@ def cmd_bench_model(args) -> int:
     table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
-        _progress(f"wrote {out}, {out.with_suffix('.md')}")
+        _write_with_table(results, table, args.out)
     return 0 if "FAIL" not in verdict(results) else 1
 
 
@@ -410,6 +431,13 @@ def parser() -> argparse.ArgumentParser:
                     help="tokens per DP rank, comma-separated (default 1..1024)")
     qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     qb.set_defaults(fn=cmd_bench_quant)
+
+    pdl = bench.add_parser("pdl", help="producer (GEMM, elementwise, ours) -> our op, launched with PDL vs "
+                                       "without (GPUs)")
+    pdl.add_argument("--world", type=ca.positive_int, default=None,
+                     help="ranks to spawn, layout dp<world> (default 4 with 4+ GPUs, else 2)")
+    pdl.add_argument("--out", default=None, help="JSON path (.md written beside it)")
+    pdl.set_defaults(fn=cmd_bench_pdl)
 
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", type=ca.layout, action="append", default=None,
