@@ -128,7 +128,7 @@ def test_transitions_over_several_layouts(seed):
     sizes = [e["bytes"] for e in doc["evidence"]["gather_tokens"]]
     assert sizes == [16 * KiB * 2 ** i for i in range(6)]  # 16 KiB (dp2xtp2, 1 token) .. 512 KiB
     at_32k = doc["evidence"]["gather_tokens"][1]
-    assert at_32k["layouts"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
+    assert at_32k["measured_in"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
     assert doc["measured_on"]["world_size"] == 4
 
 

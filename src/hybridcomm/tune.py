@@ -90,7 +90,7 @@ def _world(results: dict, where: str) -> int:
 
 
 def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
-    """table op -> message bytes -> group (a layout; "-" for `bench ops`) -> candidate -> µs."""
+    """table op -> message bytes -> group (`where`, and the layout for transitions) -> candidate -> µs."""
     if "records" not in results or "environment" not in results:
         raise ResultsError(f"{where}: not a `hybridcomm bench ops` / `bench transitions` results file "
                            f"(no 'records' / 'environment')")
@@ -106,9 +106,10 @@ def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tup
         if "layout" in r:  # bench transitions: message = all tokens x hidden
             if r["case"] != "balanced":
                 continue
-            nbytes, group = sum(r["tokens_per_dp"]) * results["hidden"] * _elem_bytes(results["dtype"]), r["layout"]
+            nbytes = sum(r["tokens_per_dp"]) * results["hidden"] * _elem_bytes(results["dtype"])
+            group = f"{where}:{r['layout']}"
         else:
-            nbytes, group = r["bytes"], "-"
+            nbytes, group = r["bytes"], where
         out[op][nbytes].setdefault(group, {})[(backend, algorithm)] = r["us"]
     return out
 
@@ -125,20 +126,19 @@ def winners(sizes: list[dict[tuple[str, str], float]], order: list[tuple[str, st
     """One candidate per size (candidate -> µs, in increasing size): a contender at each size,
     the fewest changes, then the least slowdown, then the simpler (module docstring).
     Dynamic programming over (size, candidate) with the cost as a tuple compared in order."""
-    best: list[dict] = []  # per size: candidate -> (cost, candidate at the size before)
-    for i, us in enumerate(sizes):
+    best: list[dict] = []  # per size: candidate -> ((rules, slowdown, rank), candidate at the size before)
+    for us in sizes:
         fastest = min(us.values())
         here = {}
         for c, t in us.items():
             if t > fastest * (1 + tolerance):
+                continue  # not a contender
+            slowdown, rank = t / fastest, order.index(c)
+            if not best:
+                here[c] = ((1, slowdown, rank), None)
                 continue
-            own = (0, t / fastest, order.index(c))
-            if i == 0:
-                here[c] = ((1, *own[1:]), None)
-                continue
-            here[c] = min((tuple(a + b for a, b in zip(cost, own)) if prev == c else
-                           (cost[0] + 1, cost[1] + own[1], cost[2] + own[2]), prev)
-                          for prev, (cost, _) in best[-1].items())
+            here[c] = min(((rules + (prev != c), slow + slowdown, ranks + rank), prev)
+                          for prev, ((rules, slow, ranks), _) in best[-1].items())
         best.append(here)
     chosen = [min(best[-1], key=lambda c: best[-1][c][0])]
     for i in range(len(sizes) - 1, 0, -1):
@@ -161,11 +161,14 @@ def rules_from_winners(winners: list[tuple[int, tuple[str, str]]]) -> tuple[Rule
     return tuple(rules)
 
 
-def tune_op(op: str, by_size: dict[int, dict], tolerance: float = TOLERANCE) -> tuple[tuple[Rule, ...], list[dict]]:
-    """An op's rules and the evidence: per measured size, each candidate's µs and the winner."""
+def tune_op(op: str, by_size: dict[int, dict], tolerance: float = TOLERANCE):
+    """An op's rules and the evidence (per measured size, each candidate's µs and the winner);
+    None where no size has a candidate that ran on every layout measured there."""
     measured = [(nbytes, us) for nbytes in sorted(by_size) if (us := compare(by_size[nbytes]))]
+    if not measured:
+        return None
     chosen = winners([us for _, us in measured], preference(op), tolerance)
-    evidence = [{"bytes": nbytes, "chosen": "/".join(c), "layouts": sorted(by_size[nbytes]),
+    evidence = [{"bytes": nbytes, "chosen": "/".join(c), "measured_in": sorted(by_size[nbytes]),
                  "us": {"/".join(k): round(t, 3) for k, t in sorted(us.items(), key=lambda kv: kv[1])}}
                 for (nbytes, us), c in zip(measured, chosen)]
     return rules_from_winners([(nbytes, c) for (nbytes, _), c in zip(measured, chosen)]), evidence
@@ -190,16 +193,16 @@ def tune(sources: list[tuple[str, dict]], tolerance: float = TOLERANCE) -> dict:
     for where, results in sources:
         for op, by_size in samples(results, where).items():
             for nbytes, groups in by_size.items():
-                for group, us in groups.items():
-                    merged[op][nbytes][f"{where}:{group}"] = us
+                merged[op][nbytes].update(groups)
     if not merged:
         raise ResultsError(f"{', '.join(w for w, _ in sources)}: no column the table can name (hc_<algorithm> or "
                            f"nccl; a CPU run has the reference backend only)")
     shape = measured_on(sources)
     rules, evidence = {}, {}
     for op in OPS:  # registry order
-        if op in merged:
-            rules[op], evidence[op] = tune_op(op, merged[op], tolerance)
+        tuned = tune_op(op, merged[op], tolerance) if op in merged else None
+        if tuned is not None:
+            rules[op], evidence[op] = tuned
     return {"format": FORMAT, "measured_on": shape,
             "method": {"tolerance": tolerance, "tool": "hybridcomm tune (src/hybridcomm/tune.py: how the "
                                                         "winner and the boundaries are chosen)"},
