@@ -241,3 +241,38 @@ def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert table_file.load(out) == table_file.load("4xH200")
     assert main(["tune", "--from", str(out)]) == 2  # a table is not a results file
     assert "not a `hybridcomm bench ops`" in capsys.readouterr().err
+
+
+def test_measuring_runs_both_benchmarks_and_keeps_their_results(tmp_path, capsys, monkeypatch):
+    """The GPU path's plumbing, with the benchmarks replaced by the committed 4xH200 results
+    (the measurement itself needs GPUs: tests/test_gpu.py does not time, the lead's run does)."""
+    import torch
+
+    from hybridcomm.bench import ops as bench_ops, transitions as bench_transitions
+
+    calls = []
+    committed = {kind: json.loads((REPO / f"results/4xH200/{kind}_4xH200.json").read_text())
+                 for kind in ("ops", "transitions")}
+
+    def fake_ops(world, device, sizes):
+        calls.append(("ops", world, device, sizes))
+        return committed["ops"]
+
+    def fake_transitions(layouts, world):
+        calls.append(("transitions", world, layouts))
+        return committed["transitions"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(bench_ops, "bench_ops", fake_ops)
+    monkeypatch.setattr(bench_transitions, "bench_transitions", fake_transitions)
+    out = tmp_path / "table.json"
+    assert main(["tune", "--sizes", "2K,1M", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert calls == [("ops", 4, "cuda", [2048, 1 << 20]), ("transitions", 4, ["dp4", "dp2xtp2", "tp4"])]
+    doc = json.loads(out.read_text())
+    assert [s["file"] for s in doc["measured_on"]["sources"]] == [str(tmp_path / "table_ops.json"),
+                                                                  str(tmp_path / "table_transitions.json")]
+    for kind in ("ops", "transitions"):
+        assert json.loads((tmp_path / f"table_{kind}.json").read_text()) == committed[kind]
+        assert (tmp_path / f"table_{kind}.md").exists()
+    assert table_file.load(out) == table_file.load("4xH200")
