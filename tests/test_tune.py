@@ -228,7 +228,8 @@ def test_every_packaged_table_is_generated_from_the_committed_results(monkeypatc
     monkeypatch.chdir(REPO)  # the files name their sources relative to the repository
     for name, sources in PACKAGED_SOURCES.items():
         committed = json.loads((table_file.TABLES_DIR / f"{name}.json").read_text())
-        assert tune.tune_files(sources, committed["method"]["tolerance"]) == committed, name
+        assert tune.tune_files(sources, committed["method"]["tolerance"]) == committed, \
+            f"regenerate it: hybridcomm tune --from {' '.join(sources)} --out src/hybridcomm/tables/{name}.json"
         table_file.load(name)  # and it loads (every rule a registry algorithm, limits increasing)
 
 

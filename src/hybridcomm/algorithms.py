@@ -12,7 +12,10 @@ access, rows a multiple of 16 bytes, per-peer data within the workspace); otherw
 op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
 
 Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
-(results/): the size where the next algorithm starts winning.
+(results/): the size where the next algorithm starts winning. `hybridcomm tune` derives a
+table from such results as data (tune.py, table_file.py; tables/4xH200.json is its reading of
+the same run, README says where it differs from this one); `Communicator(table="4xH200")` or
+a file's path loads one.
 
 Groups that span nodes use the table of their node count (TABLES: the entry with the largest
 node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
