@@ -19,6 +19,7 @@ from .algorithms import NAMED_TABLES
 from .layout import Layout
 from .ops import OPS
 from .table_file import packaged as packaged_tables
+from .tune import TOLERANCE
 
 
 def _default_device() -> str:
@@ -397,8 +398,8 @@ def parser() -> argparse.ArgumentParser:
     tune.add_argument("--layouts", type=ca.layout_list, default=None,
                       help="transitions layouts (default: every attention layout of --world, moe_tp 1)")
     tune.add_argument("--sizes", type=ca.byte_list, default=None, help="bench ops message sizes (default 2K..64M)")
-    tune.add_argument("--tolerance", type=ca.tolerance, default=0.05,
-                      help="times within this fraction of the fastest count as a tie (default 0.05)")
+    tune.add_argument("--tolerance", type=ca.fraction, default=TOLERANCE,
+                      help=f"times within this fraction of the fastest count as a tie (default {TOLERANCE})")
     tune.add_argument("--out", default=None, help="table JSON path (measured results written beside it)")
     tune.set_defaults(fn=cmd_tune)
 

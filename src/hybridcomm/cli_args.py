@@ -67,6 +67,16 @@ def _bytes(text: str) -> int:
     return n
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:  # also refuses nan
+        raise ValueError(f"expected a fraction in [0, 1), e.g. 0.05, got {text!r}")
+    return value
+
+
 def _workspace_bytes(text: str) -> int:
     n = _bytes(text)
     if n % 16:
@@ -94,6 +104,7 @@ def _names(valid, what: str):
 
 positive_int = _type(_positive, "positive int")
 byte_count = _type(_bytes, "bytes")
+fraction = _type(_fraction, "fraction")
 workspace_bytes = _type(_workspace_bytes, "bytes")
 byte_list = _type(lambda t: _list(_bytes, t), "byte list")
 count_list = _type(lambda t: _list(_count, t), "count list")
@@ -149,16 +160,6 @@ def check_gpu_run(need: str, world: int, layouts: list[Layout] | None = None) ->
     if layouts is not None and same_world(layouts) != world:
         raise UsageError(f"--layouts have {layouts[0].world_size} ranks, --world is {world}")
     check_device("cuda", world)
-
-
-def tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), e.g. 0.05, got {text!r}")
-    return value
 
 
 def check_backend(backend: str, device: str, flag: str = "--backend") -> None:

@@ -14,7 +14,7 @@ Per op and measured size, the candidates that ran at that size are compared by t
 only candidates that ran on all of them). Every candidate within TOLERANCE of the fastest is a
 contender there (closer than that is measurement noise). Of all the ways to give each size
 one of its contenders, tune takes the one with the fewest rules (changes of algorithm from
-size to size); among those, the smallest sum over sizes of µs / fastest µs; among those, the
+size to size); among those, the smallest sum over sizes of (µs / fastest µs - 1); then the
 simpler: the op's algorithms in registry order (ops.OPS lists the simpler first), then NCCL.
 So a near-tie never adds a rule, and a boundary sits where the difference is real.
 Adjacent sizes with the same winner merge into one rule whose max_bytes is the largest
@@ -22,8 +22,8 @@ measured size it won: a size between two measured sizes goes to the larger size'
 kernel is extended past a size where it was measured to win). Past the largest measured size
 NCCL runs (a last rule `max_bytes: null` on nccl is added when NCCL did not win there).
 
-Only the balanced transitions cases count (the table is keyed by message bytes alone; the
-imbalanced cases are the subject of another question). Results across simulated nodes
+Only the balanced transitions cases count (the table is keyed by message bytes alone, and an
+imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
 (`bench nodes`) are refused: this writes the single-node table.
 """
 
@@ -133,7 +133,7 @@ def winners(sizes: list[dict[tuple[str, str], float]], order: list[tuple[str, st
         for c, t in us.items():
             if t > fastest * (1 + tolerance):
                 continue  # not a contender
-            slowdown, rank = t / fastest, order.index(c)
+            slowdown, rank = round((t / fastest - 1) * 1e6), order.index(c)  # in ppm: integer sums tie exactly
             if not best:
                 here[c] = ((1, slowdown, rank), None)
                 continue
