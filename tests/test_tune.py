@@ -142,6 +142,9 @@ def test_results_of_different_machines_or_across_nodes_are_refused():
                                                              "us": 50.0}]}
     with pytest.raises(tune.ResultsError, match="cpu.json: no column the table can name"):
         tune.tune([("cpu.json", cpu)])
+    for other in ("quant_4xH200.json", "layer_4xH200.json"):  # other benchmarks' results
+        with pytest.raises(tune.ResultsError, match=f"{other}: not the results of `hybridcomm bench ops`"):
+            tune.tune_files([REPO / "results/4xH200" / other])
 
 
 # -- table files ----------------------------------------------------------------------------
@@ -241,7 +244,7 @@ def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert "NVIDIA H200 x4" in printed and "built-in:" in printed and "(= built-in)" in printed
     assert table_file.load(out) == table_file.load("4xH200")
     assert main(["tune", "--from", str(out)]) == 2  # a table is not a results file
-    assert "not a `hybridcomm bench ops`" in capsys.readouterr().err
+    assert "not the results of `hybridcomm bench ops`" in capsys.readouterr().err
 
 
 def test_measuring_runs_both_benchmarks_and_keeps_their_results(tmp_path, capsys, monkeypatch):

@@ -53,6 +53,11 @@ OTHER_OP_COLUMNS = {
 }
 
 
+# What each benchmark's results hold: a top-level key, and the fields of every record.
+RESULTS_KINDS = {"ops": ("world_size", {"op", "bytes", "impl", "us"}),
+                 "transitions": ("hidden", {"layout", "op", "case", "tokens_per_dp", "impl", "us"})}
+
+
 class ResultsError(ValueError):
     """A results file tune cannot use; the message names the file."""
 
@@ -89,21 +94,30 @@ def _world(results: dict, where: str) -> int:
     return worlds.pop()
 
 
-def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
-    """table op -> message bytes -> group (`where`, and the layout for transitions) -> candidate -> µs."""
-    if "records" not in results or "environment" not in results:
-        raise ResultsError(f"{where}: not a `hybridcomm bench ops` / `bench transitions` results file "
-                           f"(no 'records' / 'environment')")
-    if "ranks_per_node" in results:
+def kind(results, where: str) -> str:
+    """"ops" or "transitions": which benchmark wrote these results (ResultsError otherwise)."""
+    if isinstance(results, dict) and "ranks_per_node" in results:
         raise ResultsError(f"{where}: measured across simulated nodes (`bench nodes`); tune writes the "
                            f"single-node table from `bench ops` / `bench transitions` results")
+    for name, (top, fields) in RESULTS_KINDS.items():
+        if (isinstance(results, dict) and {top, "environment"} <= set(results)
+                and isinstance(results.get("records"), list)
+                and all(isinstance(r, dict) and fields <= set(r) for r in results["records"])):
+            return name
+    raise ResultsError(f"{where}: not the results of `hybridcomm bench ops` or `bench transitions` (other "
+                       f"benchmarks do not time the algorithms a table rule names)")
+
+
+def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
+    """table op -> message bytes -> group (`where`, and the layout for transitions) -> candidate -> µs."""
+    transitions = kind(results, where) == "transitions"
     out: dict = defaultdict(lambda: defaultdict(dict))
     for r in results["records"]:
         found = candidate(r["op"], r["impl"])
         if found is None or not math.isfinite(r["us"]):
             continue
         op, backend, algorithm = found
-        if "layout" in r:  # bench transitions: message = all tokens x hidden
+        if transitions:  # message = all tokens x hidden
             if r["case"] != "balanced":
                 continue
             nbytes = sum(r["tokens_per_dp"]) * results["hidden"] * _elem_bytes(results["dtype"])
