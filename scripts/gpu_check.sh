@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer quant pdl model nodes ncu
+#   stages: info build test check ops transitions layer quant pdl model nodes ncu tune
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -70,6 +70,10 @@ for stage in $stages; do
     # The main job and the real-shaped models (Qwen3-30B-A3B shapes), NCCL vs hybridcomm.
     model) run model python3 -m hybridcomm bench model --layout "$MAIN" --out "$LOGS/model_$TAG.json"
            run model_tp python3 -m hybridcomm bench model --layout "tp$WORLD" --out "$LOGS/model_tp_$TAG.json" ;;
+    # A selection table from this machine's measurements (bench ops + transitions, their results
+    # kept beside it as table_<tag>_{ops,transitions}.json), then every op routed by it.
+    tune) run tune timeout "${TUNE_TIMEOUT:-600}" python3 -m hybridcomm tune --world "$WORLD" --out "$LOGS/table_$TAG.json"
+          run tune_check python3 -m hybridcomm check --world "$WORLD" --device cuda --quick --table "$LOGS/table_$TAG.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -28,6 +28,9 @@ MISTAKES = {
     ("check", "--world", "0"): ["--world", "positive integer"],
     ("check", "--device", "cpu", "--backend", "nccl", "--world", "2"): ["--backend nccl needs --device cuda"],
     ("check", "--device", "gpu"): ["--device", "invalid choice"],
+    ("check", "--table", "fastest"): ["--table", "'fastest' is not a named table", "4xH200"],
+    ("tune", "--tolerance", "5"): ["--tolerance", "[0, 1)", "'5'"],
+    ("tune", "--from", "no_such_results.json"): ["--from no_such_results.json", "cannot read"],
 }
 
 
@@ -54,7 +57,8 @@ def test_a_user_mistake_is_one_line_on_stderr_and_exit_code_2(argv, capsys):
                                   ("bench", "ops", "--device", "cuda", "--world", "2"),
                                   ("bench", "layer", "--device", "cuda"),
                                   ("bench", "pdl"),
-                                  ("check", "--backend", "nvlink")])
+                                  ("check", "--backend", "nvlink"),
+                                  ("tune", "--world", "2")])
 def test_no_gpu_is_one_line_too(argv, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, out = _run(argv, capsys)

@@ -12,7 +12,10 @@ access, rows a multiple of 16 bytes, per-peer data within the workspace); otherw
 op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
 
 Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
-(results/): the size where the next algorithm starts winning.
+(results/): the size where the next algorithm starts winning. `hybridcomm tune` derives a
+table from such results as data (tune.py, table_file.py; tables/4xH200.json is its reading of
+the same run, README says where it differs from this one); `Communicator(table="4xH200")` or
+a file's path loads one.
 
 Groups that span nodes use the table of their node count (TABLES: the entry with the largest
 node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
@@ -24,6 +27,7 @@ there come from the cost model (costmodel.py) until measured on real nodes.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -133,11 +137,16 @@ SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
 TABLES: dict[int, dict[str, tuple[Rule, ...]]] = {1: TABLE, 2: SPANNING_TABLE}
 
 
-def node_tables(table: dict | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
+def node_tables(table: dict | str | os.PathLike | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
     """A Communicator's `table` argument as node count -> table: a table keyed by op replaces
-    the single-node one; one keyed by node count is taken as it is."""
+    the single-node one; one keyed by node count is taken as it is; a string or path names
+    NAMED_TABLES' entry, a packaged table or a table file (table_file.py)."""
     if table is None:
         return dict(TABLES)
+    if isinstance(table, (str, os.PathLike)):
+        from .table_file import load
+
+        table = NAMED_TABLES[table] if table in NAMED_TABLES else load(table)
     if all(isinstance(k, int) for k in table):
         return dict(table)
     return {**TABLES, 1: table}

@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,quant,pdl,layer}
+"""hybridcomm info | check | build | tune | model | bench {ops,transitions,nodes,quant,pdl,layer,model}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -18,6 +18,8 @@ from . import cli_args as ca
 from .algorithms import NAMED_TABLES
 from .layout import Layout
 from .ops import OPS
+from .table_file import packaged as packaged_tables
+from .tune import TOLERANCE
 
 
 def _default_device() -> str:
@@ -174,11 +176,7 @@ def cmd_bench_transitions(args) -> int:
     from .bench import report
     from .bench.transitions import bench_transitions
 
-    if not torch.cuda.is_available():
-        raise ca.UsageError("bench transitions times our CUDA kernels against NCCL: it needs GPUs")
-    if ca.same_world(args.layouts) != args.world:
-        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
-    ca.check_device("cuda", args.world)
+    ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
     results = bench_transitions([lay.name for lay in args.layouts], args.world)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
@@ -210,11 +208,7 @@ def cmd_bench_nodes(args) -> int:
 def cmd_bench_quant(args) -> int:
     from .bench.quant import bench_quant, quant_markdown
 
-    if not torch.cuda.is_available():
-        raise ca.UsageError("bench quant times our CUDA kernels against NCCL: it needs GPUs")
-    if ca.same_world(args.layouts) != args.world:
-        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
-    ca.check_device("cuda", args.world)
+    ca.check_gpu_run("bench quant times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
     results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
     print(quant_markdown(results))
     _write(results, args.out, "quant")
@@ -283,6 +277,28 @@ def cmd_bench_layer(args) -> int:
         out.with_suffix(".md").write_text(f"{_timing_note(results['graphs'], device)}\n\n```\n"
                                           f"{format_layer_table(results)}\n```\n")
         _progress(f"wrote {out}, {out.with_suffix('.md')} (the layer benchmark draws no plot)")
+    return 0
+
+
+# -- tune --------------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    from . import table_file, tune
+
+    try:
+        if args.from_files:
+            doc = tune.tune_files(args.from_files, args.tolerance)
+        else:
+            world = args.world or max(torch.cuda.device_count(), 2)
+            layouts = args.layouts or [lay for lay in Layout.all_for_world(world) if lay.moe_tp == 1]
+            ca.check_gpu_run("tune measures our CUDA kernels against NCCL and needs GPUs, but "
+                             "torch.cuda.is_available() is False here; tuning from results files "
+                             "(--from ops.json transitions.json) works everywhere", world, layouts)
+            doc = tune.tune(tune.measure(world, layouts, args.sizes, args.out), args.tolerance)
+    except tune.ResultsError as e:
+        raise ca.UsageError(str(e)) from None
+    print(tune.describe(doc))
+    if args.out:
+        _progress(f"wrote {table_file.write(doc, args.out)} (load it: Communicator(layout, table=path))")
     return 0
 
 
@@ -369,8 +385,10 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="integer data only")
     check.add_argument("--ranks-per-node", type=ca.positive_int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
-    check.add_argument("--table", choices=sorted(NAMED_TABLES), default="auto",
-                       help="selection table (hierarchical: our path across nodes at every size)")
+    check.add_argument("--table", type=ca.table, default="auto",
+                       help=f"selection table: {', '.join(sorted(NAMED_TABLES))} (hierarchical: our path across "
+                            f"nodes at every size), a packaged table ({', '.join(packaged_tables())}) or a "
+                            f"`hybridcomm tune` file (default auto)")
     check.set_defaults(fn=cmd_check)
 
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")
@@ -392,6 +410,19 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--hidden", type=int, default=4096, help="bf16 row width of the transitions")
     model.add_argument("--results", default=None, help="a `bench ops --world 4` JSON to take the in-node legs from")
     model.set_defaults(fn=cmd_model)
+
+    tune = sub.add_parser("tune", help="a selection table from measurements (src/hybridcomm/tune.py), as JSON")
+    tune.add_argument("--from", dest="from_files", nargs="+", default=None, metavar="RESULTS",
+                      help="`bench ops` / `bench transitions` JSON files to tune from (no GPU needed); "
+                           "without it tune runs both benchmarks (GPUs)")
+    tune.add_argument("--world", type=ca.positive_int, default=None, help="ranks to measure on (default: every GPU)")
+    tune.add_argument("--layouts", type=ca.layout_list, default=None,
+                      help="transitions layouts (default: every attention layout of --world, moe_tp 1)")
+    tune.add_argument("--sizes", type=ca.byte_list, default=None, help="bench ops message sizes (default 2K..64M)")
+    tune.add_argument("--tolerance", type=ca.fraction, default=TOLERANCE,
+                      help=f"times within this fraction of the fastest count as a tie (default {TOLERANCE})")
+    tune.add_argument("--out", default=None, help="table JSON path (measured results written beside it)")
+    tune.set_defaults(fn=cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
