@@ -59,7 +59,7 @@ class QuantizedRows:
             values = self.data.float()
             unit = self.scales.float()
         block = spec.block_of(hidden)
-        values = values.view(rows, hidden // block, block) * unit.view(rows, -1, 1)
+        values = values.view(rows, hidden // block, block) * unit.view(rows, hidden // block, 1)  # rows may be 0
         return values.view(rows, hidden).to(dtype)
 
 
