@@ -117,8 +117,7 @@ def quantized_decoder(layout_name: str, moe_tp: int, dp_sizes: list[int], quant:
     backend on CPU), "nccl" (backend="nccl", CUDA), "engine" (EngineTransitions)."""
     import torch.distributed as dist
 
-    from hybridcomm import Communicator
-    from hybridcomm.bench.layer import _errors, _worker_device
+    from hybridcomm.bench.layer import _communicator, _errors, _worker_device
     from hybridcomm.layout import Layout
     from hybridcomm.model import (DistributedDecoder, ModelConfig, ModelWeights, cut_batch, decode_step,
                                   dtype_from_name, make_batch, reference_forward)
@@ -133,7 +132,7 @@ def quantized_decoder(layout_name: str, moe_tp: int, dp_sizes: list[int], quant:
     part = cut_batch(batch, cfg, layout, rank)
     outs = {}
     for path in paths:
-        comm = Communicator(layout, device=device, backend="nccl" if path == "nccl" else "auto")
+        comm = _communicator(layout, "nccl" if path == "nccl" else "auto", device)  # kept by the worker
         decoder = DistributedDecoder(cfg, weights, comm, quant=quant)
         if path == "engine":
             q = decoder.quantized
