@@ -215,9 +215,9 @@ def cmd_bench_quant(args) -> int:
     if ca.same_world(args.layouts) != args.world:
         raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
     ca.check_device("cuda", args.world)
-    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world,
+                          progress=lambda so_far: _write(so_far, args.out, "quant"))  # each piece as it ends
     print(quant_markdown(results))
-    _write(results, args.out, "quant")
     return 0
 
 
