@@ -71,6 +71,15 @@ def test_fp8_gemm_rejects_bad_operands():
         fp8_gemm(q.data.to("meta"), q.scales.to("meta"), w8)
 
 
+def test_e2m1_values_from_the_bits_match_the_table():
+    """nvfp4 dequantize computes code values arithmetically (capturable in a CUDA graph)."""
+    from hybridcomm.quant.rows import E2M1_VALUES, e2m1_values
+
+    values = e2m1_values(torch.arange(16, dtype=torch.uint8))
+    table = torch.tensor(E2M1_VALUES)
+    assert torch.equal(values, table) and torch.equal(values.signbit(), table.signbit())
+
+
 def test_unknown_quant_format_raises():
     from hybridcomm.model import ModelConfig, ModelWeights
     from hybridcomm.model.quantized import QuantizedMoe
