@@ -165,6 +165,12 @@ def moe_block(x: torch.Tensor, w: LayerWeights, top_k: int, offsets: torch.Tenso
     return combine_experts(gate_up, gates, w)
 
 
+def dense_experts(x: torch.Tensor, w: LayerWeights, layer: int, top_k: int, offsets: torch.Tensor | None,
+                  gates_out: torch.Tensor | None = None) -> torch.Tensor:
+    """The decoder's default `experts`: `moe_block` on 16-bit gathered rows."""
+    return moe_block(x, w, top_k, offsets, gates_out)
+
+
 # -- the layer ----------------------------------------------------------------------------
 class CommTransitions:
     """Where a rank's partial sums meet: the Communicator's token transitions. quant_args:
@@ -187,7 +193,7 @@ class CommTransitions:
 def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   lengths: torch.Tensor, cfg: ModelConfig, transitions,
                   offsets: torch.Tensor, step: StepState | None = None,
-                  layer: int = 0, experts=None) -> torch.Tensor:
+                  layer: int = 0, experts=dense_experts) -> torch.Tensor:
     """h: this DP group's rows -> the same rows after one layer.
 
     transitions.gather(o_partial, residual, norm_weight, eps) -> (normed rows of every DP
@@ -196,23 +202,20 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cac
     offsets: the routing offsets of every gathered row (`route_offsets`).
     step: what the step's layers share (`StepState`; built here when not given), and
     `layer` this layer's index into it.
-    experts(gathered, w, layer, top_k, offsets, gates_out) -> the partial MoE output, for
-    gathered rows that are not plain tensors (quantized: model/quantized.py); None: `moe_block`.
+    experts(gathered, w, layer, top_k, offsets, gates_out) -> the partial MoE output:
+    `dense_experts` for 16-bit rows, model/quantized.py's for quantized ones.
     """
     if step is None:
         step, layer = StepState(lengths, k_cache.shape[1], k_cache.dtype, 1, offsets.shape[0], cfg.experts), 0
     o_partial = attention(input_norm(h, w.input_norm_f32, cfg.eps), w, k_cache, v_cache, lengths,
                           cfg.head_dim, step)
     normed_all, residual = transitions.gather(o_partial, h, w.post_attn_norm, cfg.eps)
-    if experts is None:
-        y_partial = moe_block(normed_all, w, cfg.top_k, offsets, step.gates[layer])
-    else:
-        y_partial = experts(normed_all, w, layer, cfg.top_k, offsets, step.gates[layer])
+    y_partial = experts(normed_all, w, layer, cfg.top_k, offsets, step.gates[layer])
     return residual + transitions.scatter(y_partial)
 
 
 def decode_step(weights: ModelWeights, part: DpBatch, transitions, offsets: torch.Tensor,
-                experts=None) -> torch.Tensor:
+                experts=dense_experts) -> torch.Tensor:
     """Every layer on `part` (its caches get this step's k, v); returns the final rows.
     offsets: routing offsets of all the MoE's rows (every DP group's), the same in
     every layer. experts: see `decoder_layer`."""
@@ -265,6 +268,6 @@ class DistributedDecoder:
         q = self.quantized
         transitions = CommTransitions(self.comm, dp_sizes, None if q is None else q.gather_args())
         return decode_step(self.weights, part, transitions, self.route_offsets(dp_sizes, part.hidden.device),
-                           None if q is None else q.experts)
+                           dense_experts if q is None else q.experts)
 
     __call__ = forward

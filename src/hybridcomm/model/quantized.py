@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..quant import FORMATS, QuantizedRows, quantize
-from .decoder import expert_activations, moe_block, route_logits
+from .decoder import dense_experts, expert_activations, route_logits
 from .fp8 import Fp8Weight, fp8_gemm
 from .weights import LayerWeights, ModelWeights
 
@@ -73,21 +73,17 @@ class Fp8Experts:
         return fp8_moe_block(q, w, self.layers[layer], top_k, offsets, gates_out)
 
 
-class DequantizedExperts:
+def dequantized_experts(q: QuantizedRows, w: LayerWeights, layer: int, top_k: int, offsets, gates_out):
     """The 16-bit experts on the gathered rows dequantized to the model dtype."""
-
-    def __init__(self, weights: ModelWeights):
-        pass
-
-    def __call__(self, q: QuantizedRows, w: LayerWeights, layer: int, top_k: int, offsets, gates_out):
-        return moe_block(q.dequantize(w.down.dtype), w, top_k, offsets, gates_out)
+    return dense_experts(q.dequantize(w.down.dtype), w, layer, top_k, offsets, gates_out)
 
 
-# Format -> how the experts consume its gathered rows (see the module docstring).
+# Format -> how the experts consume its gathered rows (see the module docstring): a factory
+# taking this rank's weights.
 CONSUMERS: dict[str, Callable[[ModelWeights], Callable]] = {
     "fp8": Fp8Experts,
-    "fp8_block128": DequantizedExperts,
-    "nvfp4": DequantizedExperts,
+    "fp8_block128": lambda weights: dequantized_experts,
+    "nvfp4": lambda weights: dequantized_experts,
 }
 
 
