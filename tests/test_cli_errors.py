@@ -23,6 +23,7 @@ MISTAKES = {
     ("bench", "layer", "--steps", "0"): ["--steps", "positive integer", "'0'"],
     ("bench", "layer", "--tokens", "4,x"): ["--tokens", "'x'"],
     ("bench", "layer", "--backends", "fast"): ["--backends", "'fast'"],
+    ("bench", "layer", "--quant", "fp8,int4"): ["--quant", "'int4'", "none"],
     ("bench", "layer", "--device", "cpu", "--backends", "nccl"): ["--backends nccl needs --device cuda"],
     ("bench", "layer", "--device", "cpu", "--layout", "world=6,attn_tp=3"): ["heads", "attn_tp=3"],
     ("check", "--world", "0"): ["--world", "positive integer"],

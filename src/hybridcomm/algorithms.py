@@ -80,15 +80,22 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
     # Quantized gathers (hybridcomm.quant, csrc/quant_gather.cu); message = the gathered bytes
-    # (data + scales). results/4xH200/quant_4xH200.md: the kernel beats quantize-then-NCCL 2.6-10x
-    # to 256 tokens per rank (DP4, hidden 4096); past this limit, or past the workspace (LL: half
-    # of workspace_bytes per peer), NCCL runs it. Not tuned further yet.
+    # (data + scales). results/4xH200/quant_4xH200.md (hidden 4096, 1-1024 tokens per DP rank):
+    # the kernel (hc_quant) beat the NCCL path (nccl_q / nccl_symm_q: quantize, all-gather data
+    # and scales -- what our NCCL backend runs) at every point measured, up to the largest,
+    # 16.0 MiB (DP4, fp8, 1024 tokens/rank: 115.6 vs 135.7 us); at 1024 tokens nvfp4 DP4 (9.0 MiB)
+    # 75.2 vs 310.0 us, where the earlier 8 MiB rule sent it to NCCL (328.8 us). So the kernel
+    # runs to 17 MiB; above that it is unmeasured (NCCL). Past the workspace (LL: half of
+    # workspace_bytes per peer, checked by the backend) NCCL runs it at any size. Caveat: our
+    # NCCL backend quantizes with the torch reference quantizer (many small kernels); the two
+    # all-gathers alone (nccl_ag_only) took 64.0 us at that 16 MiB point, so an engine with a
+    # fused quantize kernel would beat our kernel there, and ties it at 256 tokens/rank on DP4.
     "all_gather_v_quant": (
-        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(17 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(17 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
     # Message = the world-partial input (all tokens): LL one-shot to 128 KB, Lamport to 8 MB.

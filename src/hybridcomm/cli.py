@@ -209,9 +209,9 @@ def cmd_bench_quant(args) -> int:
     from .bench.quant import bench_quant, quant_markdown
 
     ca.check_gpu_run("bench quant times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
-    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world,
+                          progress=lambda so_far: _write(so_far, args.out, "quant"))  # each piece as it ends
     print(quant_markdown(results))
-    _write(results, args.out, "quant")
     return 0
 
 
@@ -266,8 +266,9 @@ def cmd_bench_layer(args) -> int:
         _points(names, tokens, world, ModelConfig.named(config, dtype_from_name(dtype)))
     except ValueError as e:
         raise ca.UsageError(str(e)) from None
+    quants = [None if q == "none" else q for q in args.quant or ["none"]]
     results = bench_layer(names, tokens, world, device=device, backends=backends, steps=args.steps,
-                          dtype=dtype, config=config)
+                          dtype=dtype, config=config, quants=quants)
     print(_timing_note(results["graphs"], device))
     print(format_layer_table(results))
     if args.out:
@@ -484,6 +485,10 @@ def parser() -> argparse.ArgumentParser:
                        help="model size (default: bench on GPUs, tiny on CPU)")
     layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                        help="default: bfloat16 on GPUs, float32 on CPU")
+    layer.add_argument("--quant", type=ca.layer_quant_list, default=None,
+                       help="gathers into the MoE, comma-separated, each point runs once per entry: none (16-bit), "
+                            "fp8 (fp8 experts fed by the fp8 gather), nvfp4, fp8_block128 (dequantized before "
+                            "16-bit experts) (default none)")
     layer.add_argument("--steps", type=ca.positive_int, default=20, help="timed decode steps per point (default 20)")
     layer.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     layer.set_defaults(fn=cmd_bench_layer)

@@ -137,6 +137,7 @@ layout_list = _type(_layouts, "layouts")
 table = _type(_table, "table")
 backend_list = _type(_names(BENCH_BACKENDS, "backend"), "backends")
 quant_list = _type(_names(QUANT_FORMATS, "format"), "quant formats")
+layer_quant_list = _type(_names(("none", *QUANT_FORMATS), "format"), "quant formats")  # none: 16-bit
 
 
 def check_device(device: str, world: int) -> str:
