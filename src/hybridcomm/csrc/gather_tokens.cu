@@ -14,8 +14,12 @@
 //
 // Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
 // indexed by that group-local lane in every phase.
+//
+// Given only this DP group's own count (own_count.cuh), each algorithm learns the others'
+// counts after its first sends, which need only its own group's rows (learn_counts).
 #include "block_reduce.cuh"
 #include "launch.cuh"
+#include "own_count.cuh"
 #include "reserved.cuh"
 
 namespace hc {
@@ -47,7 +51,7 @@ __device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenSh
 }
 
 template <typename T>
-__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenShape& s, int partial,
+__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s, int partial,
                                                 const uint2* __restrict__ in, uint2* __restrict__ out,
                                                 const RowsArg& io) {
   const int tp = s.tp;
@@ -60,6 +64,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
     // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
     push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
   }
+  learn_counts(cx, io, tp, s.rc);
   if (partial) {
     const int64_t total = s.rc.offset[s.dp] * row_lanes;
     for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
@@ -71,7 +76,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
-    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
       if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0);
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
@@ -79,16 +84,17 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
 }
 
 template <typename T>
-__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s, const uint2* __restrict__ in,
                                                 uint2* __restrict__ out, const RowsArg& io) {
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
-  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: lane i of chunk t' goes to tp peer t'.
-  for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
     if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
+  learn_counts(cx, io, tp, s.rc);  // (own-count mode; after an error my rows count as zero too)
+  const int64_t rows = s.rc.count[s.d];
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
@@ -103,19 +109,20 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenSh
 }
 
 template <typename T>
-__device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape& s, int partial,
+__device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, int partial,
                                              const uint2* __restrict__ in, uint2* __restrict__ out,
                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                                              uint2* __restrict__ residual_out, float eps, const RowsArg& io) {
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
-  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: partial rows to my tp peers.
   if (partial) {
-    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
       push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
     }
   }
+  learn_counts(cx, io, tp, s.rc);  // (own-count mode; after an error my rows count as zero too)
+  const int64_t rows = s.rc.count[s.d];
   // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
   // residual, normalise; push the rows of my chunk to the other groups.
   __shared__ float warp_sums[kThreads / 32];
@@ -163,10 +170,11 @@ __global__ void __launch_bounds__(kThreads)
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
   const CallCtx cx = begin_call(g, kGatherTokens);
-  const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
+  TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
+  publish_own_count(cx, io, s.rc, s.d);
   if constexpr (kAlgorithm == kGatherTokensOneShot) {
     gather_one_shot<T>(cx, s, partial, in, out, io);
   } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
@@ -183,17 +191,19 @@ using namespace hc;
 
 // algorithm: a GatherTokensAlgorithm (abi.h); two-shot takes partial rows only; fused adds the
 // residual and applies RMSNorm.
+// own_count: this DP group's count alone (as in hc_all_gather_v; sizes_device receives every group's).
 // in_rows: rows `in` holds (capacity); out_rows: rows `out` holds. residual, weight,
 // residual_out are read by the fused algorithm only (residual / residual_out hold in_rows rows).
 extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, int partial,
                                 const void* in, void* out, const void* residual, const void* weight,
                                 void* residual_out, float eps, const int32_t* sizes_device,
-                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
-                                int64_t out_rows, int pdl, cudaStream_t stream) {
+                                const int32_t* sizes_host, const int32_t* own_count, int64_t row_bytes,
+                                int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
   int status = 0;  // cudaError_t of the launch
-  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial) ||
+      (own_count && !sizes_device))
     return (int)cudaErrorInvalidValue;
-  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
   const int blocks = blocks_for(out_rows * io.row_lanes, *g);
   const auto* x = (const uint2*)in;
   auto* y = (uint2*)out;
