@@ -89,7 +89,8 @@ def gather(comm, case: Case, x, counts, residual=None, weight=None):
 
 
 def scatter(comm, case: Case, y, counts):
-    if case.op == "gather_tokens":
+    """`case`: the scatter's (scatter_case)."""
+    if case.op == "scatter_tokens":
         return comm.scatter_tokens(y, counts)
     return comm.reduce_scatter_v(y, counts, case.group)
 

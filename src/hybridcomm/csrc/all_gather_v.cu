@@ -8,26 +8,28 @@
 
 namespace hc {
 
+// kOwn: own-count mode (own_count.cuh): io.sizes.own is this rank's count alone.
+template <bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     all_gather_v_push(GroupArgs g, int dtype, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
   const CallCtx cx = begin_call(g, kAllGatherV);
-  RowCounts rc = group_counts(cx, io, /*gather=*/true);
-  arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   const int n = g.nranks, me = g.me;
-  publish_own_count(cx, io, rc, me);
-  // My offset is known now unless the counts are exchanged in this call (then after learning).
-  const bool own = io.sizes.own != nullptr;
-  const int64_t my_lanes = rc.count[me] * io.row_lanes;
+  RowCounts rc = group_counts(cx, counted<kOwn>(io, me), /*gather=*/true);
+  if constexpr (kOwn) rc.hash = kOwnCountsHash;
+  arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
+  if constexpr (kOwn) publish_own_count(cx, io, rc, me);
+  const int64_t my_lanes = rc.count[me] * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
     uint2 v = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
     push_to_peers(cx, cx.everyone(), 0, i, v);
-    const int64_t o = rc.offset[me] * io.row_lanes + i;
-    if (!own && o < io.out_lanes()) out[o] = v;
+    if (!kOwn && my_out + i < io.out_lanes()) out[my_out + i] = v;  // own-count mode: my offset comes later
   }
-  learn_counts(cx, io, 1, rc);
-  for (int64_t i = grid_thread(); own && i < rc.count[me] * io.row_lanes; i += grid_threads()) {
-    const int64_t o = rc.offset[me] * io.row_lanes + i;
-    if (o < io.out_lanes()) out[o] = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
+  if constexpr (kOwn) {
+    learn_counts(cx, io, 1, rc);
+    for (int64_t i = grid_thread(); i < rc.count[me] * io.row_lanes; i += grid_threads()) {
+      const int64_t o = rc.offset[me] * io.row_lanes + i;
+      if (o < io.out_lanes()) out[o] = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
+    }
   }
   for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     uint2 data[kMaxRanks];
@@ -57,7 +59,8 @@ extern "C" int hc_all_gather_v(const GroupArgs* g, int dtype, const void* in, vo
   int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes || (own_count && !sizes_device)) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows, own_count);
-  status = launch_kernel(all_gather_v_push, blocks_for(out_rows * io.row_lanes, *g), kThreads, stream, pdl, *g,
-                         dtype, (const uint2*)in, (uint2*)out, io);
+  status = launch_kernel(own_count ? all_gather_v_push<true> : all_gather_v_push<false>,
+                         blocks_for(out_rows * io.row_lanes, *g), kThreads, stream, pdl, *g, dtype, (const uint2*)in,
+                         (uint2*)out, io);
   return status;
 }

@@ -50,7 +50,7 @@ __device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenSh
   }
 }
 
-template <typename T>
+template <typename T, bool kOwn>
 __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s, int partial,
                                                 const uint2* __restrict__ in, uint2* __restrict__ out,
                                                 const RowsArg& io) {
@@ -64,7 +64,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s
     // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
     push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
   }
-  learn_counts(cx, io, tp, s.rc);
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);
   if (partial) {
     const int64_t total = s.rc.offset[s.dp] * row_lanes;
     for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
@@ -83,7 +83,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s
   }
 }
 
-template <typename T>
+template <typename T, bool kOwn>
 __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s, const uint2* __restrict__ in,
                                                 uint2* __restrict__ out, const RowsArg& io) {
   const int tp = s.tp;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s
     const int holder = chunk_holder(s, s.d, i);
     if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
-  learn_counts(cx, io, tp, s.rc);  // (own-count mode; after an error my rows count as zero too)
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
   const int64_t rows = s.rc.count[s.d];
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
@@ -108,7 +108,7 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s
   receive_chunked(cx, s, 1, false, out, out_lanes);
 }
 
-template <typename T>
+template <typename T, bool kOwn>
 __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, int partial,
                                              const uint2* __restrict__ in, uint2* __restrict__ out,
                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
@@ -121,7 +121,7 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, i
       push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
     }
   }
-  learn_counts(cx, io, tp, s.rc);  // (own-count mode; after an error my rows count as zero too)
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
   const int64_t rows = s.rc.count[s.d];
   // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
   // residual, normalise; push the rows of my chunk to the other groups.
@@ -164,25 +164,34 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, i
   receive_chunked(cx, s, 1, true, out, out_lanes);
 }
 
-template <typename T, int kAlgorithm>
+// kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+template <typename T, int kAlgorithm, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
   const CallCtx cx = begin_call(g, kGatherTokens);
-  TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
+  TokenShape s = token_shape(cx, tp, counted<kOwn>(io, g.me / tp).sizes, io.row_lanes);
+  if constexpr (kOwn) s.rc.hash = kOwnCountsHash;
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
-  publish_own_count(cx, io, s.rc, s.d);
+  if constexpr (kOwn) publish_own_count(cx, io, s.rc, s.d);
   if constexpr (kAlgorithm == kGatherTokensOneShot) {
-    gather_one_shot<T>(cx, s, partial, in, out, io);
+    gather_one_shot<T, kOwn>(cx, s, partial, in, out, io);
   } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
-    gather_two_shot<T>(cx, s, in, out, io);
+    gather_two_shot<T, kOwn>(cx, s, in, out, io);
   } else {
-    gather_fused<T>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
+    gather_fused<T, kOwn>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
   }
   end_call(cx);
+}
+
+// One algorithm's kernel, its own-count instance or not.
+template <typename T, int kAlgorithm, typename... Args>
+int launch_gather_tokens(bool own, int blocks, cudaStream_t stream, int pdl, Args... args) {
+  return launch_kernel(own ? gather_tokens<T, kAlgorithm, true> : gather_tokens<T, kAlgorithm, false>, blocks,
+                       kThreads, stream, pdl, args...);
 }
 
 }  // namespace hc
@@ -210,15 +219,16 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
   const auto *res = (const uint2*)residual, *w = (const uint2*)weight;
   auto* res_out = (uint2*)residual_out;
   HC_DISPATCH_DTYPE(dtype, {
+    const bool own = own_count != nullptr;
     if (algorithm == kGatherTokensOneShot)
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensOneShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                                res_out, eps, io);
     else if (algorithm == kGatherTokensTwoShot)
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensTwoShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensTwoShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                                res_out, eps, io);
     else
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensFused>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensFused>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                              res_out, eps, io);
   });
   return status;
 }

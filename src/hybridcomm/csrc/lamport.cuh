@@ -196,7 +196,7 @@ __device__ __forceinline__ void end_lamport_call(const LamportCall& lc, int64_t 
 // CapacityExceeded.
 __device__ __forceinline__ RowCounts lamport_counts(const LamportCall& lc, const SizesArg& s, int n,
                                                     int64_t row_units) {
-  RowCounts rc = load_counts(s, n, my_entry(lc.cx, n));
+  RowCounts rc = load_counts(s, n);
   if (!fits_area(rc.max * row_units * kLamportUnitBytes, kLamportWireFactor, lc.l.area_bytes)) {
     if (grid_thread() == 0) lc.cx.fail(kCapacity, lc.cx.g.me);
     const uint32_t hash = rc.hash;

@@ -4,9 +4,10 @@
 // with the group in the same kernel, so an engine that knows only its own token count needs no
 // extra collective before the gather and a captured graph replays with new counts:
 //
-//  1. load_counts (rows.cuh) reads my own count; the others are zero for now. It is checked
-//     against my input buffer and the area like any count. The fingerprint's counts field says
-//     "own-count mode" (kOwnCountsHash): ranks given all counts disagree with it.
+//  1. counted<true> gives the counts as my own count, the others zero for now, so the protocol's
+//     usual loader checks it against my input buffer and the area like any count. The
+//     fingerprint's counts field says "own-count mode" (kOwnCountsHash): a rank given all
+//     counts disagrees with it.
 //  2. publish_own_count, beside the arrival packet (block 0, one thread per peer): my count
 //     packet, an LL packet carrying (count, whether it fits), in every peer's region.
 //  3. My sends need only my own count (rows are indexed by their place in my group's rows),
@@ -15,6 +16,8 @@
 //     16-byte store (LL), so a count is whole once its flag is this call's.
 //  4. Block 0 writes the learned counts to SizesArg::learned: the scatter that follows reads
 //     them after its PDL wait, i.e. after this kernel completed.
+// Kernels take own-count mode as a template parameter (kOwn): their instances for given
+// counts are the code they were before, without a branch or a register more.
 //
 // Members of one entry (the attn-TP ranks of one DP group of a token transition) must publish
 // the same count. Every rank sees every member's packet, so every rank reaches the same
@@ -32,6 +35,24 @@ namespace hc {
 
 enum OwnCountStatus : uint32_t { kCountTooLarge = 0, kCountFits = 1, kCountLost = 2 /* local: wait gave up */ };
 
+// The fingerprint's counts field in own-count mode: the others' counts are unknown when the
+// fingerprint leaves, so it says only "own-count mode" (a rank given all counts hashes them,
+// and differs from this with odds 1 - 2^-16).
+constexpr uint32_t kOwnCountsHash = 0x0c0c;
+
+// Step 1: the row arguments to load counts from. Own-count mode: my own count as entry `mine`
+// of given counts, the others zero (clamped at 0 like device counts); else `io` as it is.
+template <bool kOwn>
+__device__ __forceinline__ RowsArg counted(const RowsArg& io, int mine) {
+  if constexpr (!kOwn) return io;
+  RowsArg r = io;
+  const int32_t own = max(*io.sizes.own, 0);
+  r.sizes.device = nullptr;
+#pragma unroll
+  for (int i = 0; i < kMaxRanks; ++i) r.sizes.host[i] = i == mine ? own : 0;
+  return r;
+}
+
 // What I publish: my own count (clamped at 0 like device counts), and whether it fits my input
 // buffer and the area (load_counts_checked zeroed my entry if not).
 __device__ __forceinline__ uint2 own_count_word(const RowsArg& io, const RowCounts& rc, int mine) {
@@ -39,18 +60,17 @@ __device__ __forceinline__ uint2 own_count_word(const RowsArg& io, const RowCoun
   return make_uint2((uint32_t)own, rc.count[mine] == own && own <= io.in_rows ? kCountFits : kCountTooLarge);
 }
 
-// Step 2: after arrive(), with the counts as loaded (my entry `mine`). No-op unless own-count mode.
+// Step 2: after arrive(), with the counts as loaded (my entry `mine`).
 __device__ __forceinline__ void publish_own_count(const CallCtx& cx, const RowsArg& io, const RowCounts& rc,
                                                   int mine) {
   const GroupArgs& g = cx.g;
-  if (!io.sizes.own || blockIdx.x != 0 || threadIdx.x >= g.nranks || threadIdx.x == g.me) return;
+  if (blockIdx.x != 0 || threadIdx.x >= g.nranks || threadIdx.x == g.me) return;
   Packet::put(count_packet(g.regions[threadIdx.x], cx.slot, g.me), own_count_word(io, rc, mine), cx.flag);
 }
 
 // Step 3: every member's count into `rc` (entries of `tp` members each), after my sends. Every
-// thread of every block calls it (a block barrier). No-op unless own-count mode.
+// thread of every block calls it (a block barrier).
 __device__ __forceinline__ void learn_counts(const CallCtx& cx, const RowsArg& io, int tp, RowCounts& rc) {
-  if (!io.sizes.own) return;
   const GroupArgs& g = cx.g;
   const int entries = g.nranks / tp;
   __shared__ uint2 words[kMaxRanks];
@@ -88,7 +108,7 @@ __device__ __forceinline__ void learn_counts(const CallCtx& cx, const RowsArg& i
   if (blockIdx.x == 0 && threadIdx.x < entries) io.sizes.learned[threadIdx.x] = (int32_t)words[threadIdx.x * tp].x;
   if (grid_thread() == 0 && (code == kArgumentMismatch || code == kCapacity))
     cx.fail(code, culprit, code == kArgumentMismatch ? kFieldCounts : 0);
-  check_buffers(cx, rc.offset[entries] > io.out_rows);
+  check_buffers(cx, rc.offset[kMaxRanks] > io.out_rows);  // (= offset[entries]: the rest count zero)
 }
 
 }  // namespace hc

@@ -23,11 +23,6 @@ struct RowCounts {
   uint32_t hash;  // of the counts as read (for the call fingerprint)
 };
 
-// The fingerprint's counts field in own-count mode (own_count.cuh): the others' counts are not
-// known when the fingerprint leaves, so it says only "own-count mode" (a rank given all
-// counts hashes them, and differs from this with odds 1 - 2^-16).
-constexpr uint32_t kOwnCountsHash = 0x0c0c;
-
 // Offsets and largest count of r.count[0 .. n-1].
 __device__ __forceinline__ void count_offsets(RowCounts& r, int n) {
   r.offset[0] = 0;
@@ -40,34 +35,27 @@ __device__ __forceinline__ void count_offsets(RowCounts& r, int n) {
   }
 }
 
-// Counts of n members, `mine` being my entry. Own-count mode: my own count only (the others
-// are zero until own_count.cuh's learn_counts, after my sends, which need only mine).
-__device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n, int mine) {
+__device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
   RowCounts r;
   uint32_t hash = 2166136261u;  // FNV-1a over the counts
 #pragma unroll
   for (int i = 0; i < kMaxRanks; ++i) {
     int64_t c = 0;
-    if (s.own) c = i == mine ? (int64_t)max(*s.own, 0) : 0;
-    else if (i < n) c = s.device ? (int64_t)max(s.device[i], 0) : (int64_t)s.host[i];
+    if (i < n) c = s.device ? (int64_t)max(s.device[i], 0) : (int64_t)s.host[i];
     r.count[i] = c;
     if (i < n) hash = (hash ^ (uint32_t)c) * 16777619u;
   }
   count_offsets(r, n);
-  r.hash = s.own ? kOwnCountsHash : hash ^ (hash >> 16);
+  r.hash = hash ^ (hash >> 16);
   return r;
 }
-
-// My entry among n: my index, or my DP group's when n entries are groups of nranks / n.
-__device__ __forceinline__ int my_entry(const CallCtx& cx, int n) { return cx.g.me / (cx.g.nranks / n); }
 
 // Row counts, checked against the area size (LL rows of row_lanes lanes). Every rank reaches
 // the same verdict (same sizes, same area size), so on overflow nobody sends and nobody
 // waits: the counts become zero and the error is recorded for the host (CapacityExceeded).
-// (Own-count mode: only my count is checked here; peers learn my verdict with my count.)
 __device__ __forceinline__ RowCounts load_counts_checked(const CallCtx& cx, const SizesArg& s, int n,
                                                          int64_t row_lanes) {
-  RowCounts rc = load_counts(s, n, my_entry(cx, n));
+  RowCounts rc = load_counts(s, n);
   if (!fits_area(rc.max * row_lanes * kLLUnitBytes, kLLWireFactor, cx.g.area_bytes)) {
     if (grid_thread() == 0) cx.fail(kCapacity, cx.g.me);
     const uint32_t hash = rc.hash;
