@@ -45,11 +45,14 @@ def check_rows(x: torch.Tensor, arg: str, expected: int, what: str) -> None:
 
 @dataclass(frozen=True)
 class Sizes:
-    """Row counts per group member: known on the host, or an int32 tensor read by the kernel."""
+    """Row counts per group member: known on the host, or an int32 tensor read by the kernel;
+    or (own-count mode, counts.py) this rank's count alone in `own`, exchanged by the kernel,
+    which writes every member's count into `device`."""
 
     count: int
     host: tuple[int, ...] | None = None
     device: torch.Tensor | None = None
+    own: torch.Tensor | None = None
 
     @property
     def on_device(self) -> bool:
@@ -63,6 +66,8 @@ class Sizes:
 
 
 def parse_sizes(sizes: object, count: int, device: torch.device, arg: str) -> Sizes:
+    if isinstance(sizes, Sizes):  # already parsed (a Counts the kernel will exchange, counts.py)
+        return sizes
     if isinstance(sizes, torch.Tensor):
         if sizes.dtype != torch.int32:
             raise TypeError(f"{arg}: a sizes tensor must be int32, got {sizes.dtype}")

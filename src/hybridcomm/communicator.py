@@ -15,7 +15,7 @@ from .agreement import decode, describe_call, encode, exchange, rejected, status
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
-from .counts import Counts, exchange as exchange_counts
+from .counts import Counts, exchange as exchange_counts, in_kernel as counts_in_kernel, settle as settle_counts
 from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
@@ -112,9 +112,11 @@ class Communicator:
         With `quant` ("fp8", "fp8_block128", "nvfp4"; nvfp4 also needs `global_scale`): each
         rank quantizes its rows and the quantized bytes travel; returns `QuantizedRows`
         (see hybridcomm.quant for the exact formats). sizes may be a `Counts` holding only
-        this rank's count (exchanged here, kept for the next op).
+        this rank's count (exchanged here, inside our kernel where it can: counts.py; kept for
+        the next op).
         """
-        sizes = self._own_counts(sizes, group)
+        counts = sizes
+        sizes = self._own_counts(sizes, group, gather=True)
         spec = None
 
         def check(g):
@@ -129,6 +131,7 @@ class Communicator:
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
         op = "all_gather_v" if spec is None else "all_gather_v_quant"
         backend, algorithm = self._select(op, g, x, s, g.index, spec)
+        s = self._settle_counts(counts, s, op, backend, algorithm, g)
         return backend.all_gather_v(x, s, g, algorithm, quant=spec)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -163,7 +166,8 @@ class Communicator:
         quantized by the ranks that own them and the gathered rows are `QuantizedRows`.
 
         dp_sizes may be a `Counts` holding only this DP group's count: it is exchanged over
-        attn_dp here and kept in the Counts for the scatter_tokens that follows.
+        attn_dp here (inside our kernel where it can: counts.py) and kept in the Counts for the
+        scatter_tokens that follows. The attn-TP ranks of a DP group pass the same count.
 
         partial=False promises that the attn-TP ranks of a DP group pass identical rows, and
         each backend reads every row from one of those copies: the reference takes this DP
@@ -175,7 +179,8 @@ class Communicator:
         differ across backends and across ranks.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
-        dp_sizes = self._own_counts(dp_sizes, "attn_dp")
+        counts = dp_sizes
+        dp_sizes = self._own_counts(dp_sizes, "attn_dp", gather=True)
         fusion = spec = None
 
         def check(_):
@@ -195,9 +200,11 @@ class Communicator:
                            lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
         if spec is not None:
             backend, algorithm = self._select("gather_tokens_quant", world, x, s, dp.index, spec)
+            s = self._settle_counts(counts, s, "gather_tokens_quant", backend, algorithm, dp)
             return backend.gather_tokens(x, s, bool(partial), fusion, algorithm, quant=spec)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
         backend, algorithm = self._select(op, world, x, s, dp.index)
+        s = self._settle_counts(counts, s, op, backend, algorithm, dp)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
@@ -252,10 +259,28 @@ class Communicator:
             nvlink.raise_recorded_error()
 
     # -- helpers ----------------------------------------------------------------------------
-    def _own_counts(self, sizes, group: str):
+    def _own_counts(self, sizes, group: str, gather: bool = False):
         """A `Counts` becomes every member's sizes (exchanged over `group` once); others pass.
-        Every rank of the group must pass a Counts, or none (the exchange is a collective)."""
-        return exchange_counts(sizes, self._group(group), self.device) if isinstance(sizes, Counts) else sizes
+        Every rank of the group must pass a Counts, or none (the exchange is a collective).
+        A gather's Counts holding a device count may instead stay for the kernel to exchange
+        (own-count mode, counts.py; _settle_counts decides once the algorithm is chosen).
+        Not with validate=True: its check compares every member's count before the op."""
+        if not isinstance(sizes, Counts):
+            return sizes
+        g = self._group(group)
+        if gather and not self.validate and "nvlink" in self.backends:
+            deferred = counts_in_kernel(sizes, g, self.device)
+            if deferred is not None:
+                return deferred
+        return exchange_counts(sizes, g, self.device)
+
+    def _settle_counts(self, counts, sizes: Sizes, op: str, backend, algorithm: str | None, group: Group) -> Sizes:
+        """Own-count mode after selection: the chosen kernel exchanges the count
+        (ops.Algorithm.own_count), or it is exchanged now (counts.settle)."""
+        if sizes is None or sizes.own is None:
+            return sizes
+        by_kernel = backend is self.backends.get("nvlink") and OPS[op].algorithm(algorithm).own_count
+        return settle_counts(counts, sizes, group, self.device, by_kernel)
 
     def _group(self, name: str) -> Group:
         if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"

@@ -33,10 +33,17 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Region layout: [arrival packets][bulk flags][slot 0: area A x n, area B x n][slot 1: same].
-// Source `src`'s arrival packet for calls of slot `slot`.
+// Region layout: [arrival packets][count packets][bulk flags][slot 0: area A x n, area B x n]
+// [slot 1: same]. Source `src`'s arrival packet for calls of slot `slot`.
 __device__ __forceinline__ uint4* arrival_packet(char* region, int slot, int src) {
   return (uint4*)region + slot * kMaxRanks + src;
+}
+
+// Source `src`'s count packet (its own row count, own_count.cuh) for calls of slot `slot`.
+// It rotates like the arrival packet beside it, and the same argument (arrive) keeps a fast
+// peer from overwriting it before it is read.
+__device__ __forceinline__ uint4* count_packet(char* region, int slot, int src) {
+  return (uint4*)region + (2 + slot) * kMaxRanks + src;
 }
 
 // What the cold path of a wait needs to check a peer's fingerprint, in shared memory rather
@@ -107,8 +114,9 @@ struct CallCtx {
   // Records (code, op, group, member's global rank); the first error wins. The CAS is on
   // device memory (atomics on host memory need PCIe atomics); the winner copies the word to
   // the host-visible mirror with a plain store.
-  __device__ __forceinline__ void fail(uint32_t code, int member) const {
-    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member]);
+  // `detail`: kArgumentMismatch's CallField.
+  __device__ __forceinline__ void fail(uint32_t code, int member, int detail = 0) const {
+    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member], detail);
     if (atomicCAS(g.error_word, 0ull, word) == 0ull) {
       *(volatile unsigned long long*)g.error_mirror = word;
       __threadfence_system();
