@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import algorithms
+from . import algorithms, selection
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
@@ -86,6 +86,7 @@ class Communicator:
         self.tables = algorithms.node_tables(table)
         self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
+        self._selections = selection.SelectionMemo()
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -231,6 +232,7 @@ class Communicator:
         # The reference backend holds no memory; it stays so that a closed rank can still
         # tell its peers (header exchange) that it will not take part.
         self.backends = {"reference": self.backends["reference"]}
+        self._selections.clear()  # its choices name the backends just dropped
         self.closed = True
 
     def __enter__(self) -> "Communicator":
@@ -345,9 +347,18 @@ class Communicator:
 
     def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
                 quant: QuantSpec | None = None):
+        """(backend, algorithm) for this call: decided once per call signature (selection.py)."""
+        key = selection.signature(op, group.name, x, sizes, quant)
+        choice = self._selections.get(key, self.table, self.tables)
+        if choice is None:
+            choice = self._selections.put(key, self._decide(op, group, x, sizes, index, quant))
+        self.last_choice = choice
+        return self.backends[choice.backend], choice.algorithm
+
+    def _decide(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None, index: int,
+                quant: QuantSpec | None) -> algorithms.Choice:
         if self.forced in ("reference", "nccl"):
-            self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
-            return self.backends[self.forced], None
+            return algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
         nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
@@ -355,11 +366,9 @@ class Communicator:
             if self.device.type == "cpu" and choice.backend == "nccl":
                 choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
                                            "CPU: no NCCL")
-            self.last_choice = choice
-            return self.backends[choice.backend], choice.algorithm
+            return choice
         if self.device.type == "cpu":
-            self.last_choice = algorithms.Choice("reference", None, "CPU")
-            return self.backends["reference"], None
+            return algorithms.Choice("reference", None, "CPU")
         nvlink = self.backends.get("nvlink")
 
         def blocker(algorithm: str) -> str | None:
@@ -367,9 +376,7 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
-        self.last_choice = choice
-        return self.backends[choice.backend], choice.algorithm
+        return algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
 
     def _raise_recorded_error(self) -> None:
         nvlink = self.backends.get("nvlink")

@@ -1,0 +1,61 @@
+"""Host µs per eager call of every op on the GPU route, measured without GPUs
+(hybridcomm.bench.host says how: fake process group, meta tensors, no-op launchers).
+
+    PYTHONPATH=src python3 scripts/host_cost.py [--calls 2000] [--rounds 9] [--json out.json]
+
+Layouts DP2 and TP2 (world 2), the calls of hybridcomm.bench.eager (1 token, hidden 1024, bf16).
+To compare with an older version, run it with PYTHONPATH=<old checkout>/src after copying
+src/hybridcomm/bench/host.py there (it only uses what the library had before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="back-to-back calls per op and round")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--json", help="also write the numbers here")
+    args = parser.parse_args()
+
+    import hybridcomm as hc
+    from hybridcomm.bench.eager import eager_calls
+    from hybridcomm.bench.host import gpu_route_communicator, host_us, stand_ins, stub_library
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    lib = stub_library()
+    results = {}
+    with stand_ins(lib):
+        for name, layout in (("DP2", hc.Layout(2)), ("TP2", hc.Layout(2, attn_tp=2))):
+            comm = gpu_route_communicator(layout, lib)
+            ours = {op: pair[0] for op, pair in eager_calls(comm).items()}
+            results[name] = host_us(ours, args.calls, args.rounds)
+            routes = {}
+            for op, call in ours.items():
+                call()
+                routes[op] = f"{comm.last_choice.backend}/{comm.last_choice.algorithm}"
+            print(f"## {name} (world 2, attn_tp {layout.attn_tp}): host µs per eager call over {args.rounds} "
+                  f"rounds of {args.calls} calls: best round, median round")
+            for op, us in results[name].items():
+                print(f"  {op:<20} {us['min']:7.2f} {us['median']:7.2f}   ({routes[op]})")
+    env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
+           "cpus": os.cpu_count(), "hybridcomm": os.path.dirname(hc.__file__)}
+    print("environment:", env)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "calls": args.calls, "rounds": args.rounds, "us_per_call": results},
+                      f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
