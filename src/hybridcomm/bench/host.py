@@ -25,6 +25,8 @@ import time
 import numpy as np
 import torch
 
+from ..abi import decode_error
+
 C_TYPES = {ctypes.c_void_p: "void*", ctypes.c_int: "int", ctypes.c_int64: "long long", ctypes.c_float: "float"}
 
 
@@ -63,8 +65,6 @@ class StandInWorkspace:
         self._error_view = np.zeros(1, dtype=np.int64)
 
     def recorded_error(self):
-        from ..abi import decode_error
-
         word = int(self._error_view[0])
         return decode_error(word) if word else None
 
