@@ -31,7 +31,7 @@ def _profile(world: int, attn_tp: int, rounds: int, calls: int, top: int, profil
     with hc.Communicator(layout) as comm:
         table = eager_table(comm, rounds=rounds, calls=calls)
         ops = list(table)
-        worst = timing.max_over_ranks([t[k] for op in ops for k in sorted(table[op])])
+        worst = timing.max_over_ranks([table[op][k] for op in ops for k in sorted(table[op])])
         keys = sorted(table[ops[0]])
         table = {op: dict(zip(keys, worst[i * len(keys):(i + 1) * len(keys)])) for i, op in enumerate(ops)}
         print(format_table(table, f"Eager cost, {layout.name}, max over ranks"), file=report)
