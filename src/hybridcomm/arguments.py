@@ -41,8 +41,10 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == "cpu" or (a.index or 0) == (b.index or 0)
 
 
-def check_rows(x: torch.Tensor, arg: str, expected: int, what: str) -> None:
+def check_rows(x: torch.Tensor, arg: str, expected: int, what: str, *what_args) -> None:
+    """`what` is formatted with `what_args` only when the check fails (calls pay no formatting)."""
     if x.shape[0] != expected:
+        what = what.format(*what_args)
         raise ValueError(f"{arg}: expected {expected} rows ({what}), got {x.shape[0]} "
                          f"(shape {tuple(x.shape)})")
 

@@ -122,7 +122,7 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[g.index], f"sizes[{g.index}] of this rank")
+                check_rows(x, "x", s.host[g.index], "sizes[{}] of this rank", g.index)
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
@@ -183,7 +183,7 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[dp.index], f"dp_sizes[{dp.index}] of this DP group")
+                check_rows(x, "x", s.host[dp.index], "dp_sizes[{}] of this DP group", dp.index)
             if (residual is None) != (norm_weight is None):
                 raise ValueError("gather_tokens: pass both residual and norm_weight, or neither")
             if residual is not None:
