@@ -2,10 +2,13 @@
 (hybridcomm.bench.host says how: fake process group, meta tensors, no-op launchers).
 
     PYTHONPATH=src python3 scripts/host_cost.py [--calls 2000] [--rounds 9] [--json out.json]
+                                                [--against before.json ...]
 
 Layouts DP2 and TP2 (world 2), the calls of hybridcomm.bench.eager (1 token, hidden 1024, bf16).
 To compare with an older version, run it with PYTHONPATH=<old checkout>/src after copying
-src/hybridcomm/bench/host.py there (it only uses what the library had before).
+src/hybridcomm/bench/host.py there (it only uses what the library had before), and pass its
+--json outputs to --against: a Markdown table then compares the best rounds (the least of all
+runs given, on each side).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="back-to-back calls per op and round")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--against", nargs="*", default=[], help="--json files of another version (before)")
+    parser.add_argument("--also", nargs="*", default=[], help="more --json files of this version (after)")
     args = parser.parse_args()
 
     import hybridcomm as hc
@@ -54,7 +59,25 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "calls": args.calls, "rounds": args.rounds, "us_per_call": results},
                       f, indent=1)
+    if args.against:
+        print(compare([_load(p) for p in args.against], [results] + [_load(p) for p in args.also]))
     dist.destroy_process_group()
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)["us_per_call"]
+
+
+def compare(before: list[dict], after: list[dict]) -> str:
+    """Markdown: per layout and op, the best round over all runs of each side, and their ratio."""
+    best = lambda runs, lay, op: min(r[lay][op]["min"] for r in runs)  # noqa: E731
+    lines = ["| layout | op | before µs | after µs | after / before |", "|---|---|---|---|---|"]
+    for lay, ops in after[0].items():
+        for op in ops:
+            b, a = best(before, lay, op), best(after, lay, op)
+            lines.append(f"| {lay} | {op} | {b:.2f} | {a:.2f} | {a / b:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
