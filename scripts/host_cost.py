@@ -22,6 +22,9 @@ import torch
 import torch.distributed as dist
 
 
+THEIRS = "torch.distributed "
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="back-to-back calls per op and round")
@@ -42,16 +45,22 @@ def main() -> None:
     with stand_ins(lib):
         for name, layout in (("DP2", hc.Layout(2)), ("TP2", hc.Layout(2, attn_tp=2))):
             comm = gpu_route_communicator(layout, lib)
-            ours = {op: pair[0] for op, pair in eager_calls(comm).items()}
-            results[name] = host_us(ours, args.calls, args.rounds)
+            calls = {}
+            for op, (ours, theirs) in eager_calls(comm).items():
+                calls[op], calls[THEIRS + op] = ours, theirs
+            measured = host_us(calls, args.calls, args.rounds)
+            results[name] = {op: us for op, us in measured.items() if not op.startswith(THEIRS)}
             routes = {}
-            for op, call in ours.items():
-                call()
+            for op in results[name]:
+                calls[op]()
                 routes[op] = f"{comm.last_choice.backend}/{comm.last_choice.algorithm}"
             print(f"## {name} (world 2, attn_tp {layout.attn_tp}): host µs per eager call over {args.rounds} "
-                  f"rounds of {args.calls} calls: best round, median round")
+                  f"rounds of {args.calls} calls: best round, median round; then the torch.distributed "
+                  f"calls of bench.eager on the fake process group (their Python and dispatch, no NCCL)")
             for op, us in results[name].items():
-                print(f"  {op:<20} {us['min']:7.2f} {us['median']:7.2f}   ({routes[op]})")
+                them = measured.get(THEIRS + op)
+                print(f"  {op:<20} {us['min']:7.2f} {us['median']:7.2f}   ({routes[op]})" +
+                      (f"   torch.distributed {them['min']:7.2f} {them['median']:7.2f}" if them else ""))
     env = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
            "cpus": os.cpu_count(), "hybridcomm": os.path.dirname(hc.__file__)}
     print("environment:", env)
