@@ -2,13 +2,13 @@
 (hybridcomm.bench.host says how: fake process group, meta tensors, no-op launchers).
 
     PYTHONPATH=src python3 scripts/host_cost.py [--calls 2000] [--rounds 9] [--json out.json]
-                                                [--against before.json ...]
+                                                [--against before.json ... [--after after.json ...]]
 
 Layouts DP2 and TP2 (world 2), the calls of hybridcomm.bench.eager (1 token, hidden 1024, bf16).
 To compare with an older version, run it with PYTHONPATH=<old checkout>/src after copying
 src/hybridcomm/bench/host.py there (it only uses what the library had before), and pass its
 --json outputs to --against: a Markdown table then compares the best rounds (the least of all
-runs given, on each side).
+runs given, on each side) with this run, or with the --after files (then nothing is measured).
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--json", help="also write the numbers here")
     parser.add_argument("--against", nargs="*", default=[], help="--json files of another version (before)")
-    parser.add_argument("--also", nargs="*", default=[], help="more --json files of this version (after)")
+    parser.add_argument("--after", nargs="*", default=[],
+                        help="with --against: compare these --json files (after) and measure nothing")
     args = parser.parse_args()
+    if args.against and args.after:
+        print(compare([_load(p) for p in args.against], [_load(p) for p in args.after]))
+        return
 
     import hybridcomm as hc
     from hybridcomm.bench.eager import eager_calls
@@ -69,7 +73,7 @@ def main() -> None:
             json.dump({"environment": env, "calls": args.calls, "rounds": args.rounds, "us_per_call": results},
                       f, indent=1)
     if args.against:
-        print(compare([_load(p) for p in args.against], [results] + [_load(p) for p in args.also]))
+        print(compare([_load(p) for p in args.against], [results]))
     dist.destroy_process_group()
 
 
