@@ -106,3 +106,13 @@ def test_sizes_with_one_sum_but_another_largest_member(comms):
         comm._select("reduce_scatter_v", world, x, s, 0)
         assert comm.last_choice == comm._decide("reduce_scatter_v", world, x, s, 0, None)
         assert comm.last_choice.backend == ("nccl" if max(sizes) == 290 else "nvlink")
+
+
+def test_while_torch_compile_traces_the_decision_is_made_afresh(comms, monkeypatch):
+    comm = comms[1]
+    comm._selections.clear()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x = torch.empty(2, 1024, dtype=torch.bfloat16, device=comm.device)
+    backend, algorithm = comm._select("all_reduce", comm.groups["world"], x)
+    assert (backend.name, algorithm) == ("nvlink", "one_shot")
+    assert not comm._selections.choices  # nothing remembered: symbolic shapes would not hash

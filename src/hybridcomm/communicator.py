@@ -347,11 +347,15 @@ class Communicator:
 
     def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
                 quant: QuantSpec | None = None):
-        """(backend, algorithm) for this call: decided once per call signature (selection.py)."""
-        key = selection.signature(op, group.name, x, sizes, quant)
-        choice = self._selections.get(key, self.table, self.tables)
-        if choice is None:
-            choice = self._selections.put(key, self._decide(op, group, x, sizes, index, quant))
+        """(backend, algorithm) for this call: decided once per call signature (selection.py);
+        afresh while torch.compile traces (once per graph; symbolic shapes do not hash)."""
+        if torch.compiler.is_compiling():
+            choice = self._decide(op, group, x, sizes, index, quant)
+        else:
+            key = selection.signature(op, group.name, x, sizes, quant)
+            choice = self._selections.get(key, self.table, self.tables)
+            if choice is None:
+                choice = self._selections.put(key, self._decide(op, group, x, sizes, index, quant))
         self.last_choice = choice
         return self.backends[choice.backend], choice.algorithm
 
