@@ -19,7 +19,6 @@ import os
 import platform
 
 import torch
-import torch.distributed as dist
 
 
 THEIRS = "torch.distributed "
@@ -40,13 +39,11 @@ def main() -> None:
 
     import hybridcomm as hc
     from hybridcomm.bench.eager import eager_calls
-    from hybridcomm.bench.host import gpu_route_communicator, host_us, stand_ins, stub_library
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from hybridcomm.bench.host import fake_world, gpu_route_communicator, host_us, stand_ins, stub_library
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     lib = stub_library()
     results = {}
-    with stand_ins(lib):
+    with fake_world(2), stand_ins(lib):
         for name, layout in (("DP2", hc.Layout(2)), ("TP2", hc.Layout(2, attn_tp=2))):
             comm = gpu_route_communicator(layout, lib)
             calls = {}
@@ -74,7 +71,6 @@ def main() -> None:
                       f, indent=1)
     if args.against:
         print(compare([_load(p) for p in args.against], [results]))
-    dist.destroy_process_group()
 
 
 def _load(path: str) -> dict:

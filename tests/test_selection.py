@@ -16,7 +16,7 @@ import torch.distributed as dist
 import hybridcomm as hc
 from hybridcomm import algorithms
 from hybridcomm.arguments import parse_sizes
-from hybridcomm.bench.host import gpu_route_communicator, stand_ins
+from hybridcomm.bench.host import fake_world, gpu_route_communicator, stand_ins
 from hybridcomm.quant import parse_quant
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -28,17 +28,11 @@ ROWS = (0, 1, 2, 3, 16, 100, 300, 700)  # up to past the 8 MiB rules and the 4 M
 def comms():
     if dist.is_initialized():
         pytest.skip("torch.distributed already initialised in this process")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        with stand_ins(None):
-            made = [gpu_route_communicator(layout, None) for layout in (hc.Layout(2), hc.Layout(2, attn_tp=2))]
-            for comm in made:
-                comm.backends["nccl"] = "nccl backend"  # the decision only names it here
-            yield made
-    finally:
-        dist.destroy_process_group()
+    with fake_world(2), stand_ins(None):
+        made = [gpu_route_communicator(layout, None) for layout in (hc.Layout(2), hc.Layout(2, attn_tp=2))]
+        for comm in made:
+            comm.backends["nccl"] = "nccl backend"  # the decision only names it here
+        yield made
 
 
 def _call(comm, rng: random.Random):

@@ -73,6 +73,20 @@ class StandInWorkspace:
 
 
 @contextlib.contextmanager
+def fake_world(size: int = 2):
+    """torch.distributed initialised in this process as rank 0 of `size` on the "fake" backend
+    (collectives return at once), torn down on exit."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
 def stand_ins(lib: ctypes.CDLL | None):
     """Inside: NvlinkBackend builds on a StandInWorkspace and `lib`, and launchers take stream 0
     (a CPU build of torch has no CUDA stream; on a GPU the raw-handle lookup is one C call)."""
