@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import algorithms
+from . import algorithms, selection
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
@@ -88,6 +88,7 @@ class Communicator:
         self.tables = algorithms.node_tables(table)
         self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
+        self._selections = selection.SelectionMemo()
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -125,7 +126,7 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[g.index], f"sizes[{g.index}] of this rank")
+                check_rows(x, "x", s.host[g.index], "sizes[{}] of this rank", g.index)
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
@@ -189,7 +190,7 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[dp.index], f"dp_sizes[{dp.index}] of this DP group")
+                check_rows(x, "x", s.host[dp.index], "dp_sizes[{}] of this DP group", dp.index)
             if (residual is None) != (norm_weight is None):
                 raise ValueError("gather_tokens: pass both residual and norm_weight, or neither")
             if residual is not None:
@@ -240,6 +241,7 @@ class Communicator:
         # The reference backend holds no memory; it stays so that a closed rank can still
         # tell its peers (header exchange) that it will not take part.
         self.backends = {"reference": self.backends["reference"]}
+        self._selections.clear()  # its choices name the backends just dropped
         self.closed = True
 
     def __enter__(self) -> "Communicator":
@@ -372,9 +374,22 @@ class Communicator:
 
     def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
                 quant: QuantSpec | None = None):
+        """(backend, algorithm) for this call: decided once per call signature (selection.py);
+        afresh while torch.compile traces (once per graph; symbolic shapes do not hash)."""
+        if torch.compiler.is_compiling():
+            choice = self._decide(op, group, x, sizes, index, quant)
+        else:
+            key = selection.signature(op, group.name, x, sizes, quant)
+            choice = self._selections.get(key, self.table, self.tables)
+            if choice is None:
+                choice = self._selections.put(key, self._decide(op, group, x, sizes, index, quant))
+        self.last_choice = choice
+        return self.backends[choice.backend], choice.algorithm
+
+    def _decide(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None, index: int,
+                quant: QuantSpec | None) -> algorithms.Choice:
         if self.forced in ("reference", "nccl"):
-            self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
-            return self.backends[self.forced], None
+            return algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
         nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
@@ -382,11 +397,9 @@ class Communicator:
             if self.device.type == "cpu" and choice.backend == "nccl":
                 choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
                                            "CPU: no NCCL")
-            self.last_choice = choice
-            return self.backends[choice.backend], choice.algorithm
+            return choice
         if self.device.type == "cpu":
-            self.last_choice = algorithms.Choice("reference", None, "CPU")
-            return self.backends["reference"], None
+            return algorithms.Choice("reference", None, "CPU")
         nvlink = self.backends.get("nvlink")
 
         def blocker(algorithm: str) -> str | None:
@@ -394,9 +407,7 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
-        self.last_choice = choice
-        return self.backends[choice.backend], choice.algorithm
+        return algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
 
     def _raise_recorded_error(self) -> None:
         nvlink = self.backends.get("nvlink")

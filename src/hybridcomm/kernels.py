@@ -46,8 +46,8 @@ def _launch(name: str, rc: int) -> None:
 
 
 def _stream(x: torch.Tensor) -> int:
-    # the raw handle, without building a torch.cuda.Stream object per call
-    return torch._C._cuda_getCurrentRawStream(x.device.index)
+    # the raw handle, without building a torch.cuda.Stream (nor a torch.device) object per call
+    return torch._C._cuda_getCurrentRawStream(x.get_device())
 
 
 _SizesArray = ctypes.c_int32 * MAX_RANKS  # built once: making the array type costs per call

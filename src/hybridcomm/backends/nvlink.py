@@ -8,6 +8,7 @@ different tree (within one rounding of the reference).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -126,11 +127,9 @@ class NvlinkBackend:
                                                    self.pdl)
 
     def _reduced(self, op: str, x, dp_sizes: Sizes, algorithm: str):
-        """A transition run as the op it is when its attention-TP axis has size 1: with the
-        same algorithm where that op has it (the Lamport one-shot), else its first."""
-        other = OPS[op].reduces_to["attn_tp"]
-        names = [a.name for a in OPS[other].algorithms]
-        return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm if algorithm in names else names[0])
+        """A transition run as the op it is when its attention-TP axis has size 1."""
+        other, algorithm = _reduced_to(op, algorithm)
+        return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm)
 
     def close(self) -> None:
         """Release the workspace now; the caller has synchronised the device."""
@@ -193,9 +192,21 @@ def _gather_sizes(sizes: Sizes) -> tuple:
     return sizes.device, list(sizes.host or ()), None, None
 
 
+# Facts of the op table looked up on every call: cached (OPS is fixed at import).
+@functools.cache
 def _is_lamport(op: str, algorithm: str) -> bool:
     return OPS[op].algorithm(algorithm).protocol is LAMPORT
 
 
+@functools.cache
 def _code(op: str, algorithm: str) -> int:
     return int(OPS[op].algorithm(algorithm).code)
+
+
+@functools.cache
+def _reduced_to(op: str, algorithm: str) -> tuple[str, str]:
+    """(the op a transition is when attn_tp = 1, its algorithm): the same algorithm where that
+    op has it (the Lamport one-shot), else its first."""
+    other = OPS[op].reduces_to["attn_tp"]
+    names = [a.name for a in OPS[other].algorithms]
+    return other, algorithm if algorithm in names else names[0]
