@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer quant model nodes ncu
+#   stages: info build test check ops transitions layer quant model nodes ncu trace
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -53,6 +53,8 @@ for stage in $stages; do
              --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_$TAG.json" ;;
     # ~1-3 minutes: rank 0's kernels under Nsight Compute (scripts/ncu_profile.py says what the numbers mean)
     ncu) run ncu timeout "${NCU_TIMEOUT:-300}" python3 scripts/ncu_profile.py --world "$WORLD" --out "$LOGS/ncu_$TAG" ;;
+    # ~1 minute after its build: per-rank, per-phase times from in-kernel timestamps (scripts/latency_trace.py)
+    trace) run trace timeout "${TRACE_TIMEOUT:-600}" python3 scripts/latency_trace.py --world "$WORLD" --out "$LOGS" ;;
     nodes)
       run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
         tests/test_multinode.py

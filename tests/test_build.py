@@ -113,3 +113,14 @@ def test_lamport_args_layout_matches_the_header(tmp_path):
     got = dict(line.split() for line in run_probe(tmp_path, body) if line)
     expected = {"size": abi.ctypes.sizeof(abi.LamportArgs), **{f: getattr(abi.LamportArgs, f).offset for f in fields}}
     assert {k: int(v) for k, v in got.items()} == expected
+
+
+@pytest.mark.timeout(600)
+def test_the_trace_variant_compiles(tmp_path):
+    # The trace hooks (csrc/trace.cuh) sit in the shared headers: compile the files that pass
+    # through every hook (LL, bulk and Lamport waits, end_call) and the registry.
+    for name in ("all_reduce.cu", "lamport_all_reduce.cu", "trace.cu"):
+        cmd = [build.nvcc_path(), *build.NVCC_FLAGS, *build.VARIANTS["trace"], build.gencode("90a"), "-c",
+               str(build.CSRC / name), "-o", str(tmp_path / (name + ".o"))]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr

@@ -16,6 +16,7 @@ template <typename T>
 __device__ __forceinline__ void all_reduce_one_shot(const CallCtx& cx, const uint2* __restrict__ in,
                                                     uint2* __restrict__ out, int64_t lanes) {
   for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) push_to_peers(cx, cx.everyone(), 0, i, in[i]);
+  HC_TRACE_EVENT(kTraceSent);
   for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) {
     out[i] = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, in[i]);
   }

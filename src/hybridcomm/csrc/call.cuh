@@ -21,6 +21,7 @@
 #include "abi.h"
 #include "packet.cuh"
 #include "pdl.cuh"
+#include "trace.cuh"
 
 namespace hc {
 
@@ -153,6 +154,7 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
     }
   }
   const uint32_t waited = pending;
+  if (waited) HC_TRACE_EVENT_ONCE(kTraceWaitBegin);
   int spins = 0;
   while (pending) {
 #pragma unroll
@@ -163,6 +165,7 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
     }
     if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
   }
+  if (waited) HC_TRACE_EVENT(kTraceWaitEnd);
   return waited;
 }
 
@@ -170,8 +173,10 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
 // (pdl.cuh): everything below touches memory the previous kernel may still use (the group's
 // counters, the areas, the inputs, the counts), and the deadline starts after it.
 __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
+  HC_TRACE_ENTRY();
   wait_for_previous_kernel();
   allow_next_kernel();
+  HC_TRACE_READY();
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
   return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
 }
@@ -189,6 +194,7 @@ __device__ __forceinline__ void arrive(const CallCtx& cx, uint64_t fingerprint) 
     Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
                 make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);
   }
+  HC_TRACE_EVENT(kTraceArrived);
 }
 
 // Block 0 waits until every peer has started this call, and checks that it is the same call.
@@ -212,20 +218,28 @@ template <typename OnLast>
 __device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
   const GroupArgs& g = cx.g;
   __shared__ bool last;
+  HC_TRACE_EVENT(kTraceEndBegin);
   wait_arrivals(cx);
   __syncthreads();
+  HC_TRACE_EVENT(kTraceArrivals);
   if (threadIdx.x == 0) {
     __threadfence();  // this block's writes (errors recorded included) before its count
     last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!last) return;
+  HC_TRACE_EVENT(kTraceCounted);
+  if (!last) {
+    HC_TRACE_FLUSH(cx.op, cx.flag, g.me);
+    return;
+  }
   on_last();
   __syncthreads();
   if (threadIdx.x == 0) {
     g.state[kBlocksDone] = 0;
     *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
   }
+  HC_TRACE_FLUSH(cx.op, cx.flag, g.me);
+  HC_TRACE_LAST();
 }
 
 __device__ __forceinline__ void end_call(const CallCtx& cx) {

@@ -18,7 +18,9 @@ __global__ void __launch_bounds__(kThreads)
     const uint4 v = fix_reserved<T>(in[u]);
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + u, v); });
   }
+  HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
+  HC_TRACE_EVENT(kTraceRefilled);
   for (int64_t u = grid_thread(); u < units; u += grid_threads()) {
     uint4 data[kMaxRanks];
     const uint4 mine = fix_reserved<T>(in[u]);  // the bits my peers receive from me
