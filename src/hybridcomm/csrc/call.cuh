@@ -214,6 +214,10 @@ __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
 // Every kernel ends here; the last block to finish publishes the call as completed.
 // `on_last()` runs just before, in every thread of that block, after block 0's arrival wait:
 // every peer has started this call (a protocol's own per-group state: lamport.cuh).
+// A grid of one block (every small message) is its own last block: it skips the fence and the
+// count, a device-wide fence and an atomic round trip on the way out. Nothing needs them: the
+// count exists to find the last block, and what the block wrote reaches the next kernel through
+// the kernel boundary (its PDL wait returns once this kernel is complete and its writes visible).
 template <typename OnLast>
 __device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
   const GroupArgs& g = cx.g;
@@ -223,8 +227,12 @@ __device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
   __syncthreads();
   HC_TRACE_EVENT(kTraceArrivals);
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's writes (errors recorded included) before its count
-    last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
+    if (gridDim.x == 1) {
+      last = true;
+    } else {
+      __threadfence();  // this block's writes (errors recorded included) before its count
+      last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
+    }
   }
   __syncthreads();
   HC_TRACE_EVENT(kTraceCounted);
