@@ -55,14 +55,12 @@ __device__ __forceinline__ Agreement& agreement() {
   return a;
 }
 
-// Whether `member` (global rank `rank`) has sent its arrival for call `flag` with a fingerprint
-// other than mine; if so records kArgumentMismatch with the first field that differs. Called
-// every few dozen polls of a wait, never on the way of data. (Inline: with its state in shared
-// memory no kernel spills; out of line, the call made the register-bound ones spill.)
-__device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t flag) {
+// Whether `theirs`, the fingerprint in an arrival packet from global rank `rank`, differs
+// from mine; if so records kArgumentMismatch with the first field that differs. (Inline: with
+// its state in shared memory no kernel spills; out of line, the call made the register-bound
+// ones spill.)
+__device__ __forceinline__ bool fingerprint_disagrees(uint2 theirs, int rank) {
   const Agreement& a = agreement();
-  uint2 theirs;
-  if (!Packet::try_get(a.arrivals + member, flag, theirs)) return false;
   const int field = first_difference(a.fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
   if (!field) return false;
   const unsigned long long word = a.error | ((unsigned long long)(rank & kErrorPeerMask) << kErrorPeerShift) |
@@ -72,6 +70,13 @@ __device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t
     __threadfence_system();
   }
   return true;
+}
+
+// Whether `member` (global rank `rank`) has sent its arrival for call `flag` with a fingerprint
+// other than mine (then recorded). Called every few dozen polls of a wait, never on the way of data.
+__device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t flag) {
+  uint2 theirs;
+  return Packet::try_get(agreement().arrivals + member, flag, theirs) && fingerprint_disagrees(theirs, rank);
 }
 
 // Group members base .. base + count - 1, `self` being my index among them.
@@ -197,17 +202,22 @@ __device__ __forceinline__ void arrive(const CallCtx& cx, uint64_t fingerprint) 
   HC_TRACE_EVENT(kTraceArrived);
 }
 
-// Block 0 waits until every peer has started this call, and checks that it is the same call.
+// Block 0 waits until every peer has started this call, and checks that it is the same call,
+// from the packet it polled (no second load). The waiting threads are the last warp's: in a
+// small call that warp holds no data and reaches end_call at once, so this wait overlaps the
+// other warps' wait for data instead of following it.
 __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
   const GroupArgs& g = cx.g;
-  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
-    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, threadIdx.x);
+  const int member = (int)threadIdx.x - (int)(blockDim.x - kMaxRanks);  // the last kMaxRanks threads
+  if (blockIdx.x == 0 && member >= 0 && member < g.nranks && member != g.me) {
+    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, member);
     uint2 theirs;
     int spins = 0;
-    while (!Packet::try_get(src, cx.flag, theirs)) {
-      if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
+    bool arrived;
+    while (!(arrived = Packet::try_get(src, cx.flag, theirs))) {
+      if ((++spins & 63) == 0 && cx.give_up(member)) break;
     }
-    cx.disagrees(threadIdx.x);
+    if (arrived) fingerprint_disagrees(theirs, g.world_ranks[member]);
   }
 }
 
