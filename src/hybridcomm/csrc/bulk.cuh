@@ -40,7 +40,7 @@ __device__ __forceinline__ void wait_block(const CallCtx& cx, int phase) {
       uint32_t v;
       asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
       if ((int32_t)(v - cx.flag) >= 0) break;
-      if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
+      if ((++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(threadIdx.x)) break;
     }
   }
   __syncthreads();

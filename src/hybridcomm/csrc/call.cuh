@@ -28,6 +28,12 @@ namespace hc {
 __device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
 
+// Polls of a wait between two give_up checks. A check reads the abort flag, the peer's arrival
+// packet and the clock, one after the other; data landing meanwhile is seen only after it.
+// 64 polls of local memory take several µs: a deadline or an abort is still noticed at once.
+constexpr int kPollsPerCheck = 64;
+static_assert((kPollsPerCheck & (kPollsPerCheck - 1)) == 0, "a power of two: the waits test it with a mask");
+
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -168,7 +174,7 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
         if (try_get(src[s], data[s])) pending &= ~(1u << s);
       }
     }
-    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
+    if (pending && (++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
   }
   if (waited) HC_TRACE_EVENT(kTraceWaitEnd);
   return waited;
@@ -215,7 +221,7 @@ __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
     int spins = 0;
     bool arrived;
     while (!(arrived = Packet::try_get(src, cx.flag, theirs))) {
-      if ((++spins & 63) == 0 && cx.give_up(member)) break;
+      if ((++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member)) break;
     }
     if (arrived) fingerprint_disagrees(theirs, g.world_ranks[member]);
   }
