@@ -28,7 +28,7 @@ RECORDS = 2048  # kTraceRecords
 RECORD = np.dtype([("op", "<u4"), ("flag", "<u4"), ("blocks", "<u4"), ("rank", "<u4"),
                    ("ns", "<u8", (len(EVENTS),)), ("cycles", "<u8", (len(EVENTS),)),
                    ("last_ns", "<u8"), ("last_cycles", "<u8")])
-RING_HEADER = 8  # next, pad
+RING_HEADER = 8  # calls, pad
 
 
 def _lib() -> ctypes.CDLL:
@@ -60,7 +60,7 @@ def clear() -> None:
 
 
 def read() -> np.ndarray:
-    """Every record since the last clear(), each ring in call order, rings one after another."""
+    """Every record since the last clear(), each ring in call (flag) order, rings one after another."""
     lib = _lib()
     torch.cuda.synchronize()
     size = lib.hc_trace_ring_bytes()
@@ -69,8 +69,10 @@ def read() -> np.ndarray:
         buf = ctypes.create_string_buffer(size)
         _check("copy", lib.hc_trace_copy(i, buf, ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)))
         torch.cuda.synchronize()
-        count = int(np.frombuffer(buf, "<u4", count=1)[0])
-        if count > RECORDS:
-            raise RuntimeError(f"{count} calls traced by one kernel file since clear(); its ring holds {RECORDS}")
-        out.append(np.frombuffer(buf, RECORD, count=count, offset=RING_HEADER).copy())
+        calls = int(np.frombuffer(buf, "<u4", count=1)[0])
+        if calls > RECORDS:
+            raise RuntimeError(f"{calls} calls traced by one kernel file since clear(); its ring holds {RECORDS}")
+        ring = np.frombuffer(buf, RECORD, count=RECORDS, offset=RING_HEADER)
+        ring = ring[ring["ns"][:, EVENTS.index("ready")] != 0]  # the records written since clear()
+        out.append(ring[np.argsort(ring["flag"], kind="stable")].copy())
     return np.concatenate(out) if out else np.zeros(0, RECORD)

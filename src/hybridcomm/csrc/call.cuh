@@ -263,7 +263,7 @@ __device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
     *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
   }
   HC_TRACE_FLUSH(cx.op, cx.flag, g.me);
-  HC_TRACE_LAST();
+  HC_TRACE_LAST(cx.flag);
 }
 
 __device__ __forceinline__ void end_call(const CallCtx& cx) {

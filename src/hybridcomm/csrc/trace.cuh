@@ -9,8 +9,9 @@
 // them out once at its end; the block that finishes last stamps the kernel's end. Every
 // translation unit has its own ring of records (a __device__ variable per module: the library
 // is built without relocatable device code), registered with the host side (trace.cu), which
-// copies the rings out. A ring's next index is advanced by the last block of each call and read
-// after the PDL wait, so consecutive calls of a stream get consecutive records.
+// copies the rings out. A call's record is the one at its call flag modulo the ring's size, so
+// no thread waits for a load to find it (calls of different groups may share one: trace one
+// group at a time); the last block counts the calls, so the host knows whether the ring wrapped.
 //
 // Cost in the trace build: ~10 timer reads and one record store by one thread per call; the
 // other threads are untouched.
@@ -48,7 +49,7 @@ struct TraceRecord {
 };
 
 struct TraceRing {
-  uint32_t next, pad;
+  uint32_t calls, pad;  // calls recorded since the last clear
   TraceRecord records[kTraceRecords];
 };
 
@@ -87,7 +88,6 @@ __device__ __forceinline__ uint64_t trace_ns() {
 // Block 0 thread 0's stamps of the current call, staged in shared memory.
 struct TraceStage {
   uint64_t ns[kTraceEvents], cycles[kTraceEvents];
-  uint32_t index;
 };
 
 __device__ __forceinline__ TraceStage& trace_stage() {
@@ -117,19 +117,14 @@ __device__ __forceinline__ void trace_entry() {
   trace_stamp(kTraceEntry);
 }
 
-// After the PDL wait: the ring index of this call (the previous call of this module is complete).
-__device__ __forceinline__ void trace_ready() {
-  if (!trace_thread()) return;
-  trace_stamp(kTraceReady);
-  trace_stage().index = *(volatile uint32_t*)&trace_ring.next % kTraceRecords;
-}
+__device__ __forceinline__ TraceRecord& trace_record(uint32_t flag) { return trace_ring.records[flag % kTraceRecords]; }
 
 // Block 0 thread 0 writes its stamps out (at its end).
 __device__ __forceinline__ void trace_flush(int op, uint32_t flag, int rank) {
   if (!trace_thread()) return;
   trace_stamp(kTraceExit);
   const TraceStage& s = trace_stage();
-  TraceRecord& r = trace_ring.records[s.index];
+  TraceRecord& r = trace_record(flag);
   r.op = (uint32_t)op;
   r.flag = flag;
   r.blocks = gridDim.x;
@@ -140,26 +135,25 @@ __device__ __forceinline__ void trace_flush(int op, uint32_t flag, int rank) {
   }
 }
 
-// The last block's thread 0, when the call is complete: its end, and the next record. Reads the
-// index itself (block 0's is in another block's shared memory): the ring was not advanced yet.
-__device__ __forceinline__ void trace_last() {
+// The last block's thread 0, when the call is complete: the call's end, and one more call
+// counted (the previous call's kernel is complete: no other thread writes the count meanwhile).
+__device__ __forceinline__ void trace_last(uint32_t flag) {
   if (threadIdx.x != 0) return;
-  const uint32_t next = *(volatile uint32_t*)&trace_ring.next;
-  TraceRecord& r = trace_ring.records[next % kTraceRecords];
+  TraceRecord& r = trace_record(flag);
   r.last_cycles = clock64();
   r.last_ns = trace_ns();
-  *(volatile uint32_t*)&trace_ring.next = next + 1;
+  trace_ring.calls += 1;
 }
 
 }  // namespace
 }  // namespace hc
 
 #define HC_TRACE_ENTRY() ::hc::trace_entry()
-#define HC_TRACE_READY() ::hc::trace_ready()
+#define HC_TRACE_READY() ::hc::trace_stamp(::hc::kTraceReady)
 #define HC_TRACE_EVENT(e) ::hc::trace_stamp(::hc::e)
 #define HC_TRACE_EVENT_ONCE(e) ::hc::trace_stamp_once(::hc::e)
 #define HC_TRACE_FLUSH(op, flag, rank) ::hc::trace_flush(op, flag, rank)
-#define HC_TRACE_LAST() ::hc::trace_last()
+#define HC_TRACE_LAST(flag) ::hc::trace_last(flag)
 
 #else
 
@@ -168,6 +162,6 @@ __device__ __forceinline__ void trace_last() {
 #define HC_TRACE_EVENT(e) ((void)0)
 #define HC_TRACE_EVENT_ONCE(e) ((void)0)
 #define HC_TRACE_FLUSH(op, flag, rank) ((void)0)
-#define HC_TRACE_LAST() ((void)0)
+#define HC_TRACE_LAST(flag) ((void)0)
 
 #endif
