@@ -26,6 +26,7 @@ from .. import build, trace
 from ..algorithms import NAMED_TABLES
 from ..communicator import Communicator
 from ..layout import Layout
+from . import timing
 
 CALLS, REPLAYS = 50, 20  # records per case: CALLS * REPLAYS <= trace.RECORDS
 HIDDEN = 4096
@@ -93,13 +94,7 @@ def record_case(case: TraceCase) -> dict:
     comm.check_errors()
     dist.barrier()
     trace.clear()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    us = begin.elapsed_time(end) * 1e3 / (REPLAYS * CALLS)
+    us = timing.replay_us(graph, REPLAYS) / CALLS
     records = trace.read()
     comm.check_errors()
     del graph
