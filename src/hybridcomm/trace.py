@@ -32,11 +32,7 @@ RING_HEADER = 8  # calls, pad
 
 
 def _lib() -> ctypes.CDLL:
-    lib = build.load(build.device_arch())
-    lib.hc_trace_rings.restype = ctypes.c_int
-    lib.hc_trace_ring_bytes.restype = ctypes.c_int64
-    lib.hc_trace_copy.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    lib.hc_trace_clear.argtypes = [ctypes.c_void_p]
+    lib = build.load(build.device_arch())  # argument types: abi.SIGNATURES
     size = lib.hc_trace_ring_bytes()
     if size != RING_HEADER + RECORDS * RECORD.itemsize:
         raise RuntimeError(f"trace.py's record layout ({RING_HEADER + RECORDS * RECORD.itemsize} bytes per ring) "

@@ -29,7 +29,7 @@ bool hc_trace_register(hc_trace_copy_fn copy, hc_trace_clear_fn clear) {
 extern "C" int hc_trace_rings() { return (int)rings().size(); }
 
 // sizeof(TraceRing): the host checks its mirror of the layout against it.
-extern "C" int64_t hc_trace_ring_bytes() { return (int64_t)sizeof(hc::TraceRing); }
+extern "C" int hc_trace_ring_bytes() { return (int)sizeof(hc::TraceRing); }
 
 // Copies ring i into dst (hc_trace_ring_bytes() bytes of host memory) on `stream`; the caller
 // synchronises. Returns a cudaError_t (0 = success).
