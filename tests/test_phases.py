@@ -48,9 +48,9 @@ def test_phases_are_the_differences_of_the_stamps_in_ns():
     assert total == pytest.approx(STAMPS["exit"] - STAMPS["ready"], abs=2)
     glob = phases.global_phases(rec)
     # back to back every 4000 ns; the last block ends 3350 ns after entry
-    assert np.nanmedian(glob["entry after previous kernel's end (negative: PDL overlap)"]) == pytest.approx(650)
-    assert np.nanmedian(glob["call period (ready -> next ready)"]) == pytest.approx(4000)
-    assert np.isnan(glob["entry after previous kernel's end (negative: PDL overlap)"][0])
+    assert np.nanmedian(glob["entry - previous kernel's end (<0: PDL overlap)"]) == pytest.approx(650)
+    assert np.nanmedian(glob["call period: ready -> next call's ready"]) == pytest.approx(4000)
+    assert np.isnan(glob["entry - previous kernel's end (<0: PDL overlap)"][0])
 
 
 def test_cross_rank_offset_latency_and_skew_are_recovered():

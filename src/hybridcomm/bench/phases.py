@@ -163,10 +163,10 @@ def global_phases(rec: np.ndarray) -> dict[str, np.ndarray]:
     period = np.concatenate([np.diff(ready), [np.nan]])
     period[np.concatenate([first[1:], [True]])] = np.nan  # across replays: not back to back
     return {
-        "entry after previous kernel's end (negative: PDL overlap)": entry - prev_last,
-        "ready after previous kernel's end (PDL release)": ready - prev_last,
-        "ready -> last block done (kernel)": last - ready,
-        "call period (ready -> next ready)": period,
+        "entry - previous kernel's end (<0: PDL overlap)": entry - prev_last,
+        "ready - previous kernel's end (PDL release)": ready - prev_last,
+        "kernel: ready -> last block done": last - ready,
+        "call period: ready -> next call's ready": period,
     }
 
 
@@ -235,6 +235,7 @@ def analyse(case: TraceCase, results: list[dict]) -> dict:
 
 
 def format_report(analyses: list[dict]) -> str:
+    w = 14  # column width per rank
     lines = []
     for a in analyses:
         lines.append(f"== {a['case']}  ({a['backend']} / {a['algorithm']}, blocks {a['blocks']}, "
@@ -243,15 +244,14 @@ def format_report(analyses: list[dict]) -> str:
         if not ok:
             lines.append("   no records")
             continue
-        head = f"   {'phase (block 0 thread 0, median ns)':<58}" + "".join(f"{'rank ' + str(r['rank']):>10}" for r in ok)
-        lines.append(head)
+        row = lambda label, cells: f"   {label:<52}" + "".join(c.rjust(w) for c in cells)  # noqa: E731
+        lines.append(row("phase (block 0 thread 0), median ns", [f"rank {r['rank']}" for r in ok]))
         for name, *_ in PHASES:
-            lines.append(f"   {name:<58}" + "".join(f"{r['phases_median_ns'][name]:>10.0f}" for r in ok))
-        lines.append(f"   {'sum: ready -> block 0 exit':<58}" +
-                     "".join(f"{r['block0_ready_to_exit_median_ns']:>10.0f}" for r in ok))
+            lines.append(row(name, [f"{r['phases_median_ns'][name]:.0f}" for r in ok]))
+        lines.append(row("sum: ready -> block 0 exit", [f"{r['block0_ready_to_exit_median_ns']:.0f}" for r in ok]))
+        lines.append(row("global timer, ns: median/mean", []))
         for key in ok[0]["global_median_ns"]:
-            lines.append(f"   {key + ' (median / mean)':<58}" +
-                         "".join(f"{r['global_median_ns'][key]:>6.0f}/{r['global_mean_ns'][key]:<5.0f}" for r in ok))
+            lines.append(row(key, [f"{r['global_median_ns'][key]:.0f}/{r['global_mean_ns'][key]:.0f}" for r in ok]))
         lines.append("   " + ", ".join(f"rank {r['rank']}: SM {r['sm_clock_ghz']:.2f} GHz, timer tick "
                                        f"{r['timer_tick_ns']:.0f} ns" for r in ok))
         for c in a.get("cross_rank", []):
