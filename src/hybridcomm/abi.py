@@ -203,4 +203,9 @@ SIGNATURES = {
     "hc_lamport_reduce_scatter_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    # the trace build's rings (trace.cu, read by hybridcomm/trace.py; the normal build has none)
+    "hc_trace_rings": [],
+    "hc_trace_ring_bytes": [],
+    "hc_trace_copy": [_I, _P, _P],
+    "hc_trace_clear": [_P],
 }
