@@ -49,7 +49,11 @@ def scaled_mm_vs_reference(rows: list[int], hidden: int, cols: int) -> list[str]
             failures.append(f"m={m}: got {out.dtype} {tuple(out.shape)}")
             continue
         try:
-            torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=1e-4)
+            # One bf16 rounding (rtol), plus the accumulation: Hopper's fp8 MMA keeps fewer mantissa
+            # bits than fp32 while it sums K products (measured: 1.1e-3 absolute at K = 4096 on
+            # outputs up to a few units), so the absolute slack scales with the largest output.
+            slack = 2 ** -9 * ref.abs().max().item() if m else 0.0
+            torch.testing.assert_close(out.float(), ref.float(), rtol=2 ** -7, atol=max(slack, 1e-4))
         except AssertionError as e:
             failures.append(f"m={m}: {str(e).splitlines()[:4]}")
     return failures
