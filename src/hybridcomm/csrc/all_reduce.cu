@@ -149,15 +149,12 @@ using namespace hc;
 namespace {
 
 // Lanes per thread of the LL one-shot, by message size (first row whose max_bytes holds it).
-// Kernels exist for 1 and 2 (the dispatch below). Up to 4 KB one lane per thread already fits
-// one block of kThreads; from 4 to 8 KB two lanes per thread keep it in one block, which skips
-// end_call's device-wide fence and block count (call.cuh), for the price of a second, mostly
-// satisfied, poll per thread. Predicted, not measured yet: docs/latency.md.
+// Kernels exist for 1 and 2 (the dispatch below).
 struct OneShotShape {
   int64_t max_bytes;
   int lanes_per_thread;
 };
-constexpr OneShotShape kOneShotShapes[] = {{4 << 10, 1}, {8 << 10, 2}, {INT64_MAX, 1}};
+constexpr OneShotShape kOneShotShapes[] = {{INT64_MAX, 1}};
 
 int one_shot_lanes_per_thread(int64_t nbytes) {
   for (const OneShotShape& s : kOneShotShapes)
