@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
   arrive(cx, make_fingerprint(kAllGatherV, dtype, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
   if constexpr (kOwn) publish_own_count(cx, io, rc, me);
-  const int64_t my_lanes = rc.count[me] * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
+  const int64_t my_lanes = rc.count(me) * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
     uint2 v = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
     push_to_peers(cx, cx.everyone(), 0, i, v);
@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   if constexpr (kOwn) {
     learn_counts(cx, io, 1, rc);
-    for (int64_t i = grid_thread(); i < rc.count[me] * io.row_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < rc.count(me) * io.row_lanes; i += grid_threads()) {
       const int64_t o = rc.offset[me] * io.row_lanes + i;
       if (o < io.out_lanes()) out[o] = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
     }
@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     uint2 data[kMaxRanks];
     const uint32_t received =
-        wait_sources(cx, 0, n, 0, i, [&](int s) { return s != me && i < rc.count[s] * io.row_lanes; }, data);
+        wait_sources(cx, 0, n, 0, i, [&](int s) { return s != me && i < rc.count(s) * io.row_lanes; }, data);
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
       int64_t o = rc.offset[s] * io.row_lanes + i;

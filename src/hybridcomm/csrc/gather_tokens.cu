@@ -56,10 +56,10 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s
                                                 const RowsArg& io) {
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
-  const int64_t my_lanes = s.rc.count[s.d] * row_lanes;
+  const int64_t my_lanes = s.rc.count(s.d) * row_lanes;
   // Partial rows go to everyone; replicated rows only as my chunk, and only outside my group.
-  const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count[s.d], s.t, tp) * row_lanes;
-  const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count[s.d], s.t + 1, tp) * row_lanes;
+  const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count(s.d), s.t, tp) * row_lanes;
+  const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count(s.d), s.t + 1, tp) * row_lanes;
   for (int64_t i = send_begin + grid_thread(); i < send_end; i += grid_threads()) {
     // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
     push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
@@ -76,7 +76,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
-    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
       if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0);
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
@@ -89,12 +89,12 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   // Phase 1: lane i of chunk t' goes to tp peer t'.
-  for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
     if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
   if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
-  const int64_t rows = s.rc.count[s.d];
+  const int64_t rows = s.rc.count(s.d);
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
@@ -117,12 +117,12 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, i
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
   // Phase 1: partial rows to my tp peers.
   if (partial) {
-    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
       push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
     }
   }
   if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
-  const int64_t rows = s.rc.count[s.d];
+  const int64_t rows = s.rc.count(s.d);
   // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
   // residual, normalise; push the rows of my chunk to the other groups.
   __shared__ float warp_sums[kThreads / 32];
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads)
   const CallCtx cx = begin_call(g, kGatherTokens);
   TokenShape s = token_shape(cx, tp, counted<kOwn>(io, g.me / tp).sizes, io.row_lanes);
   if constexpr (kOwn) s.rc.hash = kOwnCountsHash;
-  check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
+  check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
   if constexpr (kOwn) publish_own_count(cx, io, s.rc, s.d);

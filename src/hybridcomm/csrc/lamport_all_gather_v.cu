@@ -18,12 +18,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_units = io.row_lanes / 2;
   RowCounts rc = lamport_counts(lc, counted<kOwn>(io, me).sizes, n, row_units);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
-  check_buffers(lc.cx, rc.count[me] > io.in_rows || rc.offset[n] > io.out_rows);
+  check_buffers(lc.cx, rc.count(me) > io.in_rows || rc.offset[n] > io.out_rows);
   arrive(lc.cx, make_fingerprint(kAllGatherV, Lane<T>::kDType, lc.algorithm(), 0, rc.hash,
                                  (uint64_t)row_units * 16));
   if constexpr (kOwn) publish_own_count(lc.cx, io, rc, me);
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
-  const int64_t my_units = rc.count[me] * row_units, my_out = rc.offset[me] * row_units;
+  const int64_t my_units = rc.count(me) * row_units, my_out = rc.offset[me] * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
     const uint4 v = load_unit<T>(in, i, in_units);
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads)
   refill_previous_slot(lc);
   if constexpr (kOwn) {
     learn_counts(lc.cx, io, 1, rc);
-    for (int64_t i = grid_thread(); i < rc.count[me] * row_units; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < rc.count(me) * row_units; i += grid_threads()) {
       const int64_t o = rc.offset[me] * row_units + i;
       if (o < out_units) out[o] = load_unit<T>(in, i, in_units);
     }
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
     uint4 data[kMaxRanks];
     const uint32_t received =
-        wait_units(lc, n, 0, i, [&](int s) { return s != me && i < rc.count[s] * row_units; }, data);
+        wait_units(lc, n, 0, i, [&](int s) { return s != me && i < rc.count(s) * row_units; }, data);
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
       const int64_t o = rc.offset[s] * row_units + i;

@@ -14,18 +14,18 @@ __global__ void __launch_bounds__(kThreads)
   const int n = g.nranks, me = g.me;
   const int64_t row_units = io.row_lanes / 2;
   const RowCounts rc = lamport_counts(lc, io.sizes, n, row_units);
-  check_buffers(lc.cx, rc.offset[n] > io.in_rows || rc.count[me] > io.out_rows);
+  check_buffers(lc.cx, rc.offset[n] > io.in_rows || rc.count(me) > io.out_rows);
   arrive(lc.cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, lc.algorithm(), 0, rc.hash,
                                  (uint64_t)row_units * 16));
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
   for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
     lc.cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer
-      if (i < rc.count[peer] * row_units)
+      if (i < rc.count(peer) * row_units)
         put_unit(lc.outbox(peer) + i, load_unit<T>(in, rc.offset[peer] * row_units + i, in_units));
     });
   }
   refill_previous_slot(lc);
-  const int64_t my_units = rc.count[me] * row_units;
+  const int64_t my_units = rc.count(me) * row_units;
   reduce_my_rows<T>(lc, in, in_units, rc.offset[me] * row_units, my_units, out, out_units);
   end_lamport_call(lc, my_units);  // every peer wrote my rows into my areas
 }

@@ -23,12 +23,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_units = io.row_lanes / 2;
   RowCounts rc = lamport_counts(lc, counted<kOwn>(io, d).sizes, dp, row_units);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
-  check_buffers(lc.cx, rc.count[d] > io.in_rows || rc.offset[dp] > io.out_rows);
+  check_buffers(lc.cx, rc.count(d) > io.in_rows || rc.offset[dp] > io.out_rows);
   arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash,
                                  (uint64_t)row_units * 16));
   if constexpr (kOwn) publish_own_count(lc.cx, io, rc, d);
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
-  const int64_t my_units = rc.count[d] * row_units;
+  const int64_t my_units = rc.count(d) * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
     const uint4 v = load_unit<T>(in, i, in_units);
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
@@ -37,8 +37,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
   const int64_t total = rc.offset[dp] * row_units;
   for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
-    int od = 0;  // the DP group of output unit o
-    while (od + 1 < dp && rc.offset[od + 1] * row_units <= o) ++od;
+    const int od = rc.holder(o, dp, row_units);  // the DP group of output unit o
     const int64_t i = o - rc.offset[od] * row_units;
     uint4 data[kMaxRanks];
     const uint4 local = od == d ? load_unit<T>(in, i, in_units) : make_uint4(0, 0, 0, 0);
@@ -49,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint4 r = sum_units<T>(data, tp);
     if (o < out_units) out[o] = r;
   }
-  end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count[d] rows to me
+  end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
 }
 
 template <typename T>
@@ -60,19 +59,19 @@ __global__ void __launch_bounds__(kThreads)
   const int n = g.nranks, me = g.me, dp = n / tp, d = me / tp;
   const int64_t row_units = io.row_lanes / 2;
   const RowCounts rc = lamport_counts(lc, io.sizes, dp, row_units);
-  check_buffers(lc.cx, rc.offset[dp] > io.in_rows || rc.count[d] > io.out_rows);
+  check_buffers(lc.cx, rc.offset[dp] > io.in_rows || rc.count(d) > io.out_rows);
   arrive(lc.cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, lc.algorithm(), tp - 1, rc.hash,
                                  (uint64_t)row_units * 16));
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
   for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
     lc.cx.everyone().for_each_other([&](int peer) {  // group pd's rows go to each of its ranks
       const int pd = peer / tp;
-      if (i < rc.count[pd] * row_units)
+      if (i < rc.count(pd) * row_units)
         put_unit(lc.outbox(peer) + i, load_unit<T>(in, rc.offset[pd] * row_units + i, in_units));
     });
   }
   refill_previous_slot(lc);
-  const int64_t my_units = rc.count[d] * row_units;
+  const int64_t my_units = rc.count(d) * row_units;
   reduce_my_rows<T>(lc, in, in_units, rc.offset[d] * row_units, my_units, out, out_units);
   end_lamport_call(lc, my_units);  // every rank wrote my group's rows into my areas
 }

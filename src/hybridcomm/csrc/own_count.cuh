@@ -57,7 +57,7 @@ __device__ __forceinline__ RowsArg counted(const RowsArg& io, int mine) {
 // buffer and the area (load_counts_checked zeroed my entry if not).
 __device__ __forceinline__ uint2 own_count_word(const RowsArg& io, const RowCounts& rc, int mine) {
   const int64_t own = max(*io.sizes.own, 0);
-  return make_uint2((uint32_t)own, rc.count[mine] == own && own <= io.in_rows ? kCountFits : kCountTooLarge);
+  return make_uint2((uint32_t)own, rc.count(mine) == own && own <= io.in_rows ? kCountFits : kCountTooLarge);
 }
 
 // Step 2: after arrive(), with the counts as loaded (my entry `mine`).
@@ -102,9 +102,10 @@ __device__ __forceinline__ void learn_counts(const CallCtx& cx, const RowsArg& i
     else if (w.y != kCountFits) code = kCapacity;
     culprit = m;
   }
+  int64_t count[kMaxRanks];
 #pragma unroll
-  for (int e = 0; e < kMaxRanks; ++e) rc.count[e] = e < entries && code == kOk ? (int64_t)words[e * tp].x : 0;
-  count_offsets(rc, entries);
+  for (int e = 0; e < kMaxRanks; ++e) count[e] = e < entries && code == kOk ? (int64_t)words[e * tp].x : 0;
+  count_offsets(rc, count, entries);
   if (blockIdx.x == 0 && threadIdx.x < entries) io.sizes.learned[threadIdx.x] = (int32_t)words[threadIdx.x * tp].x;
   if (grid_thread() == 0 && (code == kArgumentMismatch || code == kCapacity))
     cx.fail(code, culprit, code == kArgumentMismatch ? kFieldCounts : 0);

@@ -49,14 +49,10 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
 }
 
 __device__ __forceinline__ int owner_of(const TokenShape& s, int d, int64_t j) {
-  return d * s.tp + chunk_owner(j, s.rc.count[d], s.tp);
+  return d * s.tp + chunk_owner(j, s.rc.count(d), s.tp);
 }
 
-__device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) {
-  int d = 0;
-  while (d + 1 < s.dp && s.rc.offset[d + 1] <= o) ++d;
-  return d;
-}
+__device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { return s.rc.holder(o, s.dp, 1); }
 
 // Data lane l of a staged row, quantized; block formats also write their block's scale to
 // the staged scale bytes (fp8 per token: `row_scale` is the row's). Whole warps call this
@@ -196,14 +192,14 @@ __global__ void __launch_bounds__(kThreads)
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
-  check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
+  check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
   // null pointer, so it cannot tell).
   const bool fused = weight != nullptr, reduce = partial && tp > 1;
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, F | (fused ? 4 : 0), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
-  const int64_t rows = s.rc.count[s.d], in_lanes = io.in_lanes();
+  const int64_t rows = s.rc.count(s.d), in_lanes = io.in_lanes();
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
 
   // Phase 0: partial lanes to the rank(s) that sum them.

@@ -14,12 +14,12 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer
       const int64_t src = rc.offset[peer] * io.row_lanes + i;
-      if (i < rc.count[peer] * io.row_lanes)
+      if (i < rc.count(peer) * io.row_lanes)
         put_lane(cx, peer, 0, i, src < io.in_lanes() ? in[src] : make_uint2(0, 0));
     });
   }
   const int64_t mine = rc.offset[me] * io.row_lanes;
-  for (int64_t i = grid_thread(); i < rc.count[me] * io.row_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < rc.count(me) * io.row_lanes; i += grid_threads()) {
     uint2 local = mine + i < io.in_lanes() ? in[mine + i] : make_uint2(0, 0);
     uint2 r = reduce_sources<T>(cx, 0, n, me, 0, i, local);
     if (i < io.out_lanes()) out[i] = r;

@@ -15,37 +15,76 @@ struct RowsArg {
   __device__ __forceinline__ int64_t out_lanes() const { return out_rows * row_lanes; }
 };
 
-// Row counts and offsets of up to kMaxRanks members.
-struct RowCounts {
-  int64_t count[kMaxRanks];
-  int64_t offset[kMaxRanks + 1];
-  int64_t max;
-  uint32_t hash;  // of the counts as read (for the call fingerprint)
+// N values kept in registers though read at run-time indices (my member, my DP group): a
+// plainly indexed array would live in local memory (ptxas: a 152-176 byte stack frame in every
+// row kernel), whose stores and dependent loads the row kernels paid before arrive() (trace
+// build, 2x H200: their prologue took 2-3 us, all_reduce's 0.6 us). operator[] selects over
+// all N (a constant index folds to one register); entries are written through v[] with
+// constant indices only (unrolled loops).
+template <int N>
+struct Registers {
+  int64_t v[N];
+
+  __device__ __forceinline__ int64_t operator[](int i) const {
+    int64_t r = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) r = k == i ? v[k] : r;
+    return r;
+  }
 };
 
-// Offsets and largest count of r.count[0 .. n-1].
-__device__ __forceinline__ void count_offsets(RowCounts& r, int n) {
-  r.offset[0] = 0;
+// Row counts of up to kMaxRanks members, as offsets: member i's rows are [offset[i],
+// offset[i + 1]) (a count array beside them cost 16 registers, and spills in the tightest kernels).
+struct RowCounts {
+  Registers<kMaxRanks + 1> offset;  // entries past the members' hold the total
+  int64_t max;
+  uint32_t hash;  // of the counts as read (for the call fingerprint)
+
+  __device__ __forceinline__ int64_t count(int i) const { return offset[i + 1] - offset[i]; }
+
+  // Which of the first n members holds unit o of the rows back to back, `width` units a row:
+  // the last one starting at or before o (members of no rows are passed over). Unrolled, so
+  // that the offsets stay in registers.
+  __device__ __forceinline__ int holder(int64_t o, int n, int64_t width) const {
+    int m = 0;
+#pragma unroll
+    for (int k = 1; k < kMaxRanks; ++k) m = k < n && offset.v[k] * width <= o ? k : m;
+    return m;
+  }
+};
+
+// Offsets and largest count of count[0 .. n-1].
+__device__ __forceinline__ void count_offsets(RowCounts& r, const int64_t (&count)[kMaxRanks], int n) {
+  r.offset.v[0] = 0;
   r.max = 0;
 #pragma unroll
   for (int i = 0; i < kMaxRanks; ++i) {
-    const int64_t c = i < n ? r.count[i] : 0;
-    r.offset[i + 1] = r.offset[i] + c;
+    const int64_t c = i < n ? count[i] : 0;
+    r.offset.v[i + 1] = r.offset.v[i] + c;
     r.max = c > r.max ? c : r.max;
   }
 }
 
+// Device counts: every load issued before any is used (a branch per entry made them one
+// memory round trip each, one after the other).
 __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
+  int32_t given[kMaxRanks];
+  if (s.device) {
+#pragma unroll
+    for (int i = 0; i < kMaxRanks; ++i) given[i] = i < n ? s.device[i] : 0;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kMaxRanks; ++i) given[i] = i < n ? s.host[i] : 0;
+  }
   RowCounts r;
+  int64_t count[kMaxRanks];
   uint32_t hash = 2166136261u;  // FNV-1a over the counts
 #pragma unroll
   for (int i = 0; i < kMaxRanks; ++i) {
-    int64_t c = 0;
-    if (i < n) c = s.device ? (int64_t)max(s.device[i], 0) : (int64_t)s.host[i];
-    r.count[i] = c;
-    if (i < n) hash = (hash ^ (uint32_t)c) * 16777619u;
+    count[i] = max(given[i], 0);  // (host counts are never negative: clamping them is free)
+    if (i < n) hash = (hash ^ (uint32_t)count[i]) * 16777619u;
   }
-  count_offsets(r, n);
+  count_offsets(r, count, n);
   r.hash = hash ^ (hash >> 16);
   return r;
 }
@@ -76,7 +115,7 @@ __device__ __forceinline__ void check_buffers(const CallCtx& cx, bool overflow) 
 __device__ __forceinline__ RowCounts group_counts(const CallCtx& cx, const RowsArg& io, bool gather) {
   const int n = cx.g.nranks, me = cx.g.me;
   const RowCounts rc = load_counts_checked(cx, io.sizes, n, io.row_lanes);
-  const int64_t mine = rc.count[me], all = rc.offset[n];
+  const int64_t mine = rc.count(me), all = rc.offset[n];
   check_buffers(cx, (gather ? mine : all) > io.in_rows || (gather ? all : mine) > io.out_rows);
   return rc;
 }
@@ -91,7 +130,7 @@ __device__ __forceinline__ int chunk_owner(int64_t r, int64_t rows, int parts) {
 }
 
 // The token transitions' view of the world group: ranks numbered rank = d * tp + t (DP group
-// d, attention-TP rank t), DP group d holding rc.count[d] rows of row_lanes lanes.
+// d, attention-TP rank t), DP group d holding rc.count(d) rows of row_lanes lanes.
 struct TokenShape {
   int tp, dp, d, t;  // attention TP size, DP size, and my coordinates
   RowCounts rc;      // rows per DP group
@@ -111,15 +150,11 @@ __device__ __forceinline__ TokenShape token_shape(const CallCtx& cx, int tp, con
 }
 
 // DP group of output lane o (lanes of all groups back to back).
-__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) {
-  int d = 0;
-  while (d + 1 < s.dp && s.rc.offset[d + 1] * s.row_lanes <= o) ++d;
-  return d;
-}
+__device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) { return s.rc.holder(o, s.dp, s.row_lanes); }
 
 // Rank holding chunk lane i of group d after a chunked phase.
 __device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
-  return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count[d], s.tp);
+  return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count(d), s.tp);
 }
 
 }  // namespace hc

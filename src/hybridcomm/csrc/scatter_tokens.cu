@@ -19,11 +19,11 @@ __device__ __forceinline__ void scatter_one_shot(const CallCtx& cx, const TokenS
     cx.everyone().for_each_other([&](int peer) {  // group d's rows go to each of d's ranks
       const int d = peer / s.tp;
       const int64_t src = s.rc.offset[d] * row_lanes + i;
-      if (i < s.rc.count[d] * row_lanes) put_lane(cx, peer, 0, i, src < in_lanes ? in[src] : make_uint2(0, 0));
+      if (i < s.rc.count(d) * row_lanes) put_lane(cx, peer, 0, i, src < in_lanes ? in[src] : make_uint2(0, 0));
     });
   }
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
-  for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
     const uint2 local = mine + i < in_lanes ? in[mine + i] : make_uint2(0, 0);
     const uint2 r = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, local);
     if (i < out_lanes) out[i] = r;
@@ -37,14 +37,14 @@ __device__ __forceinline__ void scatter_two_shot(const CallCtx& cx, const TokenS
   // Phase 1: lane i of group d goes to the tp rank of d whose chunk holds it.
   for (int64_t i = grid_thread(); i < s.rc.max * row_lanes; i += grid_threads()) {
     for (int d = 0; d < s.dp; ++d) {
-      if (i >= s.rc.count[d] * row_lanes) continue;
+      if (i >= s.rc.count(d) * row_lanes) continue;
       const int holder = chunk_holder(s, d, i);
       const int64_t src = s.rc.offset[d] * row_lanes + i;
       if (holder != cx.g.me) put_lane(cx, holder, 0, i, src < in_lanes ? in[src] : make_uint2(0, 0));
     }
   }
   // Sum my chunk over the world, keep it, push it to my tp peers.
-  const int64_t rows = s.rc.count[s.d], mine = s.rc.offset[s.d] * row_lanes;
+  const int64_t rows = s.rc.count(s.d), mine = s.rc.offset[s.d] * row_lanes;
   const int64_t begin = chunk_begin(rows, s.t, s.tp) * row_lanes, end = chunk_begin(rows, s.t + 1, s.tp) * row_lanes;
   for (int64_t i = begin + grid_thread(); i < end; i += grid_threads()) {
     const uint2 local = mine + i < in_lanes ? in[mine + i] : make_uint2(0, 0);
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     scatter_tokens(GroupArgs g, int tp, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
   const CallCtx cx = begin_call(g, kScatterTokens);
   const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
-  check_buffers(cx, s.rc.offset[s.dp] > io.in_rows || s.rc.count[s.d] > io.out_rows);
+  check_buffers(cx, s.rc.offset[s.dp] > io.in_rows || s.rc.count(s.d) > io.out_rows);
   arrive(cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, kAlgorithm, s.variant(0), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
   if constexpr (kAlgorithm == kScatterTokensOneShot) {
