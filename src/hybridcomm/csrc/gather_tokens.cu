@@ -213,7 +213,7 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
       (own_count && !sizes_device))
     return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
-  const int blocks = blocks_for(out_rows * io.row_lanes, *g);
+  const int blocks = blocks_for(grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows) * io.row_lanes, *g);
   const auto* x = (const uint2*)in;
   auto* y = (uint2*)out;
   const auto *res = (const uint2*)residual, *w = (const uint2*)weight;

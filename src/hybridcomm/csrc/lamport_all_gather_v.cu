@@ -62,7 +62,8 @@ extern "C" int hc_lamport_all_gather_v(const GroupArgs* g, const LamportArgs* l,
                                        int64_t out_rows, int pdl, cudaStream_t stream) {
   if (row_bytes % kRowAlignBytes || (own_count && !sizes_device)) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows, own_count);
-  const int blocks = blocks_for(out_rows * (row_bytes / kLamportUnitBytes), *g);
+  const int64_t rows = grid_rows(io, g->nranks, RowsSpan::kLargest, out_rows);
+  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
     return launch_kernel(own_count ? lamport_all_gather_v_push<Elem, true> : lamport_all_gather_v_push<Elem, false>,
                          blocks, kThreads, stream, pdl, *g, *l, (const uint4*)in, (uint4*)out, io);

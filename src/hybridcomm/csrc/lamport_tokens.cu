@@ -91,7 +91,8 @@ extern "C" int hc_lamport_gather_tokens(const GroupArgs* g, const LamportArgs* l
   if (row_bytes % kRowAlignBytes || tp < 2 || g->nranks % tp || (own_count && !sizes_device))
     return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
-  const int blocks = blocks_for(out_rows * (row_bytes / kLamportUnitBytes), *g);
+  const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows);
+  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
     return launch_kernel(own_count ? lamport_gather_tokens_one_shot<Elem, true>
                                    : lamport_gather_tokens_one_shot<Elem, false>,

@@ -33,6 +33,27 @@ inline RowsArg rows_arg(const int32_t* sizes_device, const int32_t* sizes_host, 
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Which rows a row kernel's threads cover, one lane (or unit) each: one member's (its loops run
+// over member j's rows at the same lanes for every j: gathers and reduce-scatters) or all of
+// them back to back (the token transitions' output).
+enum class RowsSpan { kLargest, kAll };
+
+// Rows to size a row kernel's grid by. Host counts: the largest count or their sum, at most
+// `capacity` (a grid-stride loop covers any count, so this only sizes the grid; fewer blocks
+// wait less for each other, and one block skips end_call's fence and count). Counts known only
+// in the kernel (device, own-count): `capacity`, the most the buffers let them be.
+inline int64_t grid_rows(const RowsArg& io, int n, RowsSpan span, int64_t capacity) {
+  if (io.sizes.device || io.sizes.own) return capacity;
+  int64_t largest = 0, all = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t c = io.sizes.host[i] > 0 ? io.sizes.host[i] : 0;
+    largest = c > largest ? c : largest;
+    all += c;
+  }
+  const int64_t rows = span == RowsSpan::kLargest ? largest : all;
+  return rows < capacity ? rows : capacity;
+}
+
 // Errors of a <<<>>> launch come back as the cudaError_t value (0 = success); launch_kernel
 // (pdl.cuh) returns its own.
 inline int launch_status() { return (int)cudaGetLastError(); }
