@@ -13,6 +13,7 @@ template <bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     all_gather_v_push(GroupArgs g, int dtype, const uint2* __restrict__ in, uint2* __restrict__ out, RowsArg io) {
   const CallCtx cx = begin_call(g, kAllGatherV);
+  const EarlyInput<uint2> input = early_input(in, io.in_lanes());
   const int n = g.nranks, me = g.me;
   RowCounts rc = group_counts(cx, counted<kOwn>(io, me), /*gather=*/true);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
@@ -20,7 +21,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kOwn) publish_own_count(cx, io, rc, me);
   const int64_t my_lanes = rc.count(me) * io.row_lanes, my_out = rc.offset[me] * io.row_lanes;
   for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
-    uint2 v = i < io.in_lanes() ? fix_reserved_lane(in[i], dtype) : make_uint2(0, 0);
+    const uint2 v = fix_reserved_lane(input.at(i), dtype);  // (zero stays zero)
     push_to_peers(cx, cx.everyone(), 0, i, v);
     if (!kOwn && my_out + i < io.out_lanes()) out[my_out + i] = v;  // own-count mode: my offset comes later
   }

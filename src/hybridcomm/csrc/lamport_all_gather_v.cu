@@ -16,6 +16,7 @@ __global__ void __launch_bounds__(kThreads)
   LamportCall lc = begin_lamport_call(g, l, kAllGatherV);
   const int n = g.nranks, me = g.me;
   const int64_t row_units = io.row_lanes / 2;
+  const EarlyInput<uint4> input = early_input(in, io.in_rows * row_units);
   RowCounts rc = lamport_counts(lc, counted<kOwn>(io, me).sizes, n, row_units);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, rc.count(me) > io.in_rows || rc.offset[n] > io.out_rows);
@@ -25,7 +26,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
   const int64_t my_units = rc.count(me) * row_units, my_out = rc.offset[me] * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
-    const uint4 v = load_unit<T>(in, i, in_units);
+    const uint4 v = fix_reserved<T>(input.at(i));  // load_unit's value (zero stays zero)
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
     if (!kOwn && my_out + i < out_units) out[my_out + i] = v;  // own-count mode: my offset comes later
   }

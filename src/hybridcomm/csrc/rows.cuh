@@ -120,6 +120,25 @@ __device__ __forceinline__ RowCounts group_counts(const CallCtx& cx, const RowsA
   return rc;
 }
 
+// A thread's first element of `in` (index grid_thread(); zero at `size` and beyond), loaded as
+// soon as the kernel may read its input, before the counts and arrive(): the load then overlaps
+// the call flag's and the counts' loads instead of following the arrival packet (as
+// all_reduce's one-shot does). at(j): element j, zero at `size` and beyond.
+template <typename V>
+struct EarlyInput {
+  const V* __restrict__ in;
+  int64_t size, first_index;
+  V first;
+
+  __device__ __forceinline__ V at(int64_t j) const { return j == first_index ? first : j < size ? in[j] : V{}; }
+};
+
+template <typename V>
+__device__ __forceinline__ EarlyInput<V> early_input(const V* __restrict__ in, int64_t size) {
+  const int64_t i = grid_thread();
+  return EarlyInput<V>{in, size, i, i < size ? in[i] : V{}};
+}
+
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
 __device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return rows * p / parts; }
 
