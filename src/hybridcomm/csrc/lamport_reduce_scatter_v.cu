@@ -15,13 +15,14 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_units = io.row_lanes / 2;
   const RowCounts rc = lamport_counts(lc, io.sizes, n, row_units);
   check_buffers(lc.cx, rc.offset[n] > io.in_rows || rc.count(me) > io.out_rows);
+  const EarlyRows<uint4> input = early_rows(in, io.in_rows * row_units, rc, n, row_units);  // (rows.cuh: why)
   arrive(lc.cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, lc.algorithm(), 0, rc.hash,
                                  (uint64_t)row_units * 16));
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
   for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
     lc.cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer
       if (i < rc.count(peer) * row_units)
-        put_unit(lc.outbox(peer) + i, load_unit<T>(in, rc.offset[peer] * row_units + i, in_units));
+        put_unit(lc.outbox(peer) + i, fix_reserved<T>(input.at(peer, i)));  // load_unit's (zero stays zero)
     });
   }
   refill_previous_slot(lc);

@@ -10,32 +10,15 @@ __global__ void __launch_bounds__(kThreads)
   const CallCtx cx = begin_call(g, kReduceScatterV);
   const RowCounts rc = group_counts(cx, io, /*gather=*/false);
   const int n = g.nranks, me = g.me;
-  const int64_t i0 = grid_thread();
-  auto lane = [&](int s, int64_t i) {  // lane i of member s's rows in my input
-    const int64_t src = rc.offset[s] * io.row_lanes + i;
-    return src < io.in_lanes() ? in[src] : make_uint2(0, 0);
-  };
-  // Lane i0 of every member's rows, loaded before arrive() and before anything uses the call
-  // flag: with host counts these loads overlap the flag's instead of following the arrival
-  // packet (as all_reduce's one-shot does). Unrolled: registers, read by selection below.
-  uint2 first[kMaxRanks];
-#pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) first[s] = s < n ? lane(s, i0) : make_uint2(0, 0);
-  auto lane_of = [&](int s, int64_t i) {
-    if (i != i0) return lane(s, i);
-    uint2 v = first[0];
-#pragma unroll
-    for (int k = 1; k < kMaxRanks; ++k) v = k == s ? first[k] : v;
-    return v;
-  };
+  const EarlyRows<uint2> input = early_rows(in, io.in_lanes(), rc, n, io.row_lanes);  // (rows.cuh: why)
   arrive(cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, 0, 0, rc.hash, (uint64_t)io.row_lanes * 8));
-  for (int64_t i = i0; i < rc.max * io.row_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < rc.max * io.row_lanes; i += grid_threads()) {
     cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer
-      if (i < rc.count(peer) * io.row_lanes) put_lane(cx, peer, 0, i, lane_of(peer, i));
+      if (i < rc.count(peer) * io.row_lanes) put_lane(cx, peer, 0, i, input.at(peer, i));
     });
   }
-  for (int64_t i = i0; i < rc.count(me) * io.row_lanes; i += grid_threads()) {
-    uint2 local = lane_of(me, i);
+  for (int64_t i = grid_thread(); i < rc.count(me) * io.row_lanes; i += grid_threads()) {
+    uint2 local = input.at(me, i);
     uint2 r = reduce_sources<T>(cx, 0, n, me, 0, i, local);
     if (i < io.out_lanes()) out[i] = r;
   }

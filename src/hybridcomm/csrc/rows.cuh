@@ -139,6 +139,40 @@ __device__ __forceinline__ EarlyInput<V> early_input(const V* __restrict__ in, i
   return EarlyInput<V>{in, size, i, i < size ? in[i] : V{}};
 }
 
+// The same for a reduce-scatter, which sends member s's rows to member s: a thread's element
+// i0 = grid_thread() of every member's rows (rows of `width` elements back to back in `in`,
+// zero at `size` and beyond), loaded right after the counts, before anything uses the call's
+// slot (else the compiler computes the outbox address first and the loads wait for the flag).
+// In registers (unrolled), read by selection. at(s, i): element i of member s's rows.
+template <typename V>
+struct EarlyRows {
+  const V* __restrict__ in;
+  const RowCounts& rc;
+  int64_t size, width, first_index;
+  V first[kMaxRanks];
+
+  __device__ __forceinline__ V load(int s, int64_t i) const {
+    const int64_t j = rc.offset[s] * width + i;
+    return j < size ? in[j] : V{};
+  }
+  __device__ __forceinline__ V at(int s, int64_t i) const {
+    if (i != first_index) return load(s, i);
+    V v = first[0];
+#pragma unroll
+    for (int k = 1; k < kMaxRanks; ++k) v = k == s ? first[k] : v;
+    return v;
+  }
+};
+
+template <typename V>
+__device__ __forceinline__ EarlyRows<V> early_rows(const V* __restrict__ in, int64_t size, const RowCounts& rc,
+                                                   int n, int64_t width) {
+  EarlyRows<V> r{in, rc, size, width, grid_thread(), {}};
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) r.first[s] = s < n ? r.load(s, r.first_index) : V{};
+  return r;
+}
+
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
 __device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return rows * p / parts; }
 
