@@ -52,17 +52,17 @@ __device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenSh
 
 template <typename T, bool kOwn>
 __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s, int partial,
-                                                const uint2* __restrict__ in, uint2* __restrict__ out,
+                                                const EarlyInput<uint2>& in, uint2* __restrict__ out,
                                                 const RowsArg& io) {
   const int tp = s.tp;
-  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
+  const int64_t row_lanes = s.row_lanes, out_lanes = io.out_lanes();
   const int64_t my_lanes = s.rc.count(s.d) * row_lanes;
   // Partial rows go to everyone; replicated rows only as my chunk, and only outside my group.
   const int64_t send_begin = partial ? 0 : chunk_begin(s.rc.count(s.d), s.t, tp) * row_lanes;
   const int64_t send_end = partial ? my_lanes : chunk_begin(s.rc.count(s.d), s.t + 1, tp) * row_lanes;
   for (int64_t i = send_begin + grid_thread(); i < send_end; i += grid_threads()) {
     // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
-    push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
+    push_lanes(cx, s, 0, partial, i, fix_reserved<T>(in.at(i)));  // (zero stays zero)
   }
   if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);
   if (partial) {
@@ -70,28 +70,28 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s
     for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
       const int d = group_of_lane(s, o);
       const int64_t i = o - s.rc.offset[d] * row_lanes;
-      const uint2 local = d == s.d && i < in_lanes ? in[i] : make_uint2(0, 0);
+      const uint2 local = d == s.d ? in.at(i) : make_uint2(0, 0);
       uint2 r = reduce_sources<T>(cx, 0, tp, d == s.d ? s.t : -1, d * tp, i, local);
       if (o < out_lanes) out[o] = r;
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
     for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
-      if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0);
+      if (mine + i < out_lanes) out[mine + i] = fix_reserved<T>(in.at(i));
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
   }
 }
 
 template <typename T, bool kOwn>
-__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s, const uint2* __restrict__ in,
+__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s, const EarlyInput<uint2>& in,
                                                 uint2* __restrict__ out, const RowsArg& io) {
   const int tp = s.tp;
-  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
+  const int64_t row_lanes = s.row_lanes, out_lanes = io.out_lanes();
   // Phase 1: lane i of chunk t' goes to tp peer t'.
   for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
-    if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+    if (holder != cx.g.me) put_lane(cx, holder, 0, i, in.at(i));
   }
   if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
   const int64_t rows = s.rc.count(s.d);
@@ -99,7 +99,7 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
   for (int64_t i = begin + grid_thread(); i < end; i += grid_threads()) {
-    const uint2 local = i < in_lanes ? in[i] : make_uint2(0, 0);
+    const uint2 local = in.at(i);
     uint2 r = reduce_sources<T>(cx, 0, tp, s.t, s.d * tp, i, local);
     if (mine + i < out_lanes) out[mine + i] = r;
     push_lanes(cx, s, 1, true, i, r);
@@ -110,15 +110,15 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s
 
 template <typename T, bool kOwn>
 __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, int partial,
-                                             const uint2* __restrict__ in, uint2* __restrict__ out,
+                                             const EarlyInput<uint2>& in, uint2* __restrict__ out,
                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                                              uint2* __restrict__ residual_out, float eps, const RowsArg& io) {
   const int tp = s.tp;
-  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
+  const int64_t row_lanes = s.row_lanes, out_lanes = io.out_lanes();
   // Phase 1: partial rows to my tp peers.
   if (partial) {
     for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
-      push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
+      push_to_peers(cx, s.tp_group(), 0, i, in.at(i));
     }
   }
   if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
@@ -133,7 +133,7 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, i
     float sumsq = 0.f;
     for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;
-      const uint2 local = in_bounds ? in[i] : make_uint2(0, 0);
+      const uint2 local = in.at(i);  // (zero beyond in_rows, as in_bounds says)
       // fp32 sum in tp order; the residual is added before the single rounding (norm.py).
       float acc[4], res[4];
       sum_sources<T>(cx, 0, partial ? tp : 1, partial ? s.t : 0, s.d * tp, i, local, acc);
@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads)
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
   const CallCtx cx = begin_call(g, kGatherTokens);
+  const EarlyInput<uint2> input = early_input(in, io.in_lanes());
   TokenShape s = token_shape(cx, tp, counted<kOwn>(io, g.me / tp).sizes, io.row_lanes);
   if constexpr (kOwn) s.rc.hash = kOwnCountsHash;
   check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
@@ -178,11 +179,11 @@ __global__ void __launch_bounds__(kThreads)
                               (uint64_t)io.row_lanes * 8));
   if constexpr (kOwn) publish_own_count(cx, io, s.rc, s.d);
   if constexpr (kAlgorithm == kGatherTokensOneShot) {
-    gather_one_shot<T, kOwn>(cx, s, partial, in, out, io);
+    gather_one_shot<T, kOwn>(cx, s, partial, input, out, io);
   } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
-    gather_two_shot<T, kOwn>(cx, s, in, out, io);
+    gather_two_shot<T, kOwn>(cx, s, input, out, io);
   } else {
-    gather_fused<T, kOwn>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
+    gather_fused<T, kOwn>(cx, s, partial, input, out, residual, weight, residual_out, eps, io);
   }
   end_call(cx);
 }

@@ -21,16 +21,17 @@ __global__ void __launch_bounds__(kThreads)
   LamportCall lc = begin_lamport_call(g, l, kGatherTokens);
   const int n = g.nranks, me = g.me, dp = n / tp, d = me / tp, t = me % tp;
   const int64_t row_units = io.row_lanes / 2;
+  const EarlyInput<uint4> input = early_input(in, io.in_rows * row_units);
   RowCounts rc = lamport_counts(lc, counted<kOwn>(io, d).sizes, dp, row_units);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, rc.count(d) > io.in_rows || rc.offset[dp] > io.out_rows);
   arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash,
                                  (uint64_t)row_units * 16));
   if constexpr (kOwn) publish_own_count(lc.cx, io, rc, d);
-  const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
+  const int64_t out_units = io.out_rows * row_units;
   const int64_t my_units = rc.count(d) * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
-    const uint4 v = load_unit<T>(in, i, in_units);
+    const uint4 v = fix_reserved<T>(input.at(i));  // load_unit's (zero stays zero)
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
   }
   refill_previous_slot(lc);
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(kThreads)
     const int od = rc.holder(o, dp, row_units);  // the DP group of output unit o
     const int64_t i = o - rc.offset[od] * row_units;
     uint4 data[kMaxRanks];
-    const uint4 local = od == d ? load_unit<T>(in, i, in_units) : make_uint4(0, 0, 0, 0);
+    const uint4 local = od == d ? fix_reserved<T>(input.at(i)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
     // Source s: tp rank s of group od, member od * tp + s.
