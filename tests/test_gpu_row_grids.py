@@ -1,6 +1,7 @@
 """GPU tests of the row kernels' grid shapes (csrc/launch.cuh grid_rows): with host counts the
-grid covers the largest count (all_gather_v, reduce_scatter_v) or all rows (gather_tokens),
-not the buffers' capacity; with device counts, the capacity as before.
+grid covers the largest count (all_gather_v, reduce_scatter_v, scatter_tokens) or all rows
+(gather_tokens), not the buffers' capacity; with device counts, the capacity as before. (DP-only
+gather_tokens runs all_gather_v's kernel.)
 
 Rows of 8 KB (1024 LL lanes, 512 Lamport units: one Lamport block per row) with uneven counts,
 zeros included, so grids of one block and of several blocks differ from the capacity-sized
@@ -30,13 +31,14 @@ def _cases() -> list[Case]:
     cases = []
     for device_sizes in (False, True):
         for sizes in _uneven(WORLD):
-            for op in ("all_gather_v", "reduce_scatter_v", "gather_tokens"):  # (DP only: all_gather_v's kernel)
+            for op in ("all_gather_v", "reduce_scatter_v", "gather_tokens", "scatter_tokens"):
                 cases.append(Case(op, Layout(WORLD), sizes, row_shape=ROW, dtype="bfloat16", data="randn",
                                   device_sizes=device_sizes, seed=len(cases)))
         tp = Layout(WORLD, attn_tp=2)
         for sizes in _uneven(tp.attn_dp) if tp.attn_dp > 1 else [(1,), (3,)]:
-            cases.append(Case("gather_tokens", tp, sizes, row_shape=ROW, dtype="bfloat16", data="randn",
-                              device_sizes=device_sizes, seed=len(cases)))
+            for op in ("gather_tokens", "scatter_tokens"):
+                cases.append(Case(op, tp, sizes, row_shape=ROW, dtype="bfloat16", data="randn",
+                                  device_sizes=device_sizes, seed=len(cases)))
     return cases
 
 

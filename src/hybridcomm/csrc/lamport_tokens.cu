@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_units = io.row_lanes / 2;
   const RowCounts rc = lamport_counts(lc, io.sizes, dp, row_units);
   check_buffers(lc.cx, rc.offset[dp] > io.in_rows || rc.count(d) > io.out_rows);
+  const EarlyRows<uint4> input = early_rows(in, io.in_rows * row_units, rc, dp, row_units);  // (rows.cuh: why)
   arrive(lc.cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, lc.algorithm(), tp - 1, rc.hash,
                                  (uint64_t)row_units * 16));
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
     lc.cx.everyone().for_each_other([&](int peer) {  // group pd's rows go to each of its ranks
       const int pd = peer / tp;
       if (i < rc.count(pd) * row_units)
-        put_unit(lc.outbox(peer) + i, load_unit<T>(in, rc.offset[pd] * row_units + i, in_units));
+        put_unit(lc.outbox(peer) + i, fix_reserved<T>(input.at(pd, i)));  // load_unit's (zero stays zero)
     });
   }
   refill_previous_slot(lc);
@@ -108,7 +109,8 @@ extern "C" int hc_lamport_scatter_tokens(const GroupArgs* g, const LamportArgs* 
                                          cudaStream_t stream) {
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
-  const int blocks = blocks_for(in_rows * (row_bytes / kLamportUnitBytes), *g);
+  const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kLargest, in_rows);
+  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
     return launch_kernel(lamport_scatter_tokens_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l, tp,
                          (const uint4*)in, (uint4*)out, io);

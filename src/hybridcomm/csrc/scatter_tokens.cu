@@ -12,42 +12,39 @@
 namespace hc {
 
 template <typename T>
-__device__ __forceinline__ void scatter_one_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+__device__ __forceinline__ void scatter_one_shot(const CallCtx& cx, const TokenShape& s, const EarlyRows<uint2>& in,
                                                  uint2* __restrict__ out, const RowsArg& io) {
-  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
+  const int64_t row_lanes = s.row_lanes, out_lanes = io.out_lanes();
   for (int64_t i = grid_thread(); i < s.rc.max * row_lanes; i += grid_threads()) {
     cx.everyone().for_each_other([&](int peer) {  // group d's rows go to each of d's ranks
       const int d = peer / s.tp;
-      const int64_t src = s.rc.offset[d] * row_lanes + i;
-      if (i < s.rc.count(d) * row_lanes) put_lane(cx, peer, 0, i, src < in_lanes ? in[src] : make_uint2(0, 0));
+      if (i < s.rc.count(d) * row_lanes) put_lane(cx, peer, 0, i, in.at(d, i));
     });
   }
-  const int64_t mine = s.rc.offset[s.d] * row_lanes;
   for (int64_t i = grid_thread(); i < s.rc.count(s.d) * row_lanes; i += grid_threads()) {
-    const uint2 local = mine + i < in_lanes ? in[mine + i] : make_uint2(0, 0);
+    const uint2 local = in.at(s.d, i);
     const uint2 r = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, local);
     if (i < out_lanes) out[i] = r;
   }
 }
 
 template <typename T>
-__device__ __forceinline__ void scatter_two_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+__device__ __forceinline__ void scatter_two_shot(const CallCtx& cx, const TokenShape& s, const EarlyRows<uint2>& in,
                                                  uint2* __restrict__ out, const RowsArg& io) {
-  const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
+  const int64_t row_lanes = s.row_lanes, out_lanes = io.out_lanes();
   // Phase 1: lane i of group d goes to the tp rank of d whose chunk holds it.
   for (int64_t i = grid_thread(); i < s.rc.max * row_lanes; i += grid_threads()) {
     for (int d = 0; d < s.dp; ++d) {
       if (i >= s.rc.count(d) * row_lanes) continue;
       const int holder = chunk_holder(s, d, i);
-      const int64_t src = s.rc.offset[d] * row_lanes + i;
-      if (holder != cx.g.me) put_lane(cx, holder, 0, i, src < in_lanes ? in[src] : make_uint2(0, 0));
+      if (holder != cx.g.me) put_lane(cx, holder, 0, i, in.at(d, i));
     }
   }
   // Sum my chunk over the world, keep it, push it to my tp peers.
-  const int64_t rows = s.rc.count(s.d), mine = s.rc.offset[s.d] * row_lanes;
+  const int64_t rows = s.rc.count(s.d);
   const int64_t begin = chunk_begin(rows, s.t, s.tp) * row_lanes, end = chunk_begin(rows, s.t + 1, s.tp) * row_lanes;
   for (int64_t i = begin + grid_thread(); i < end; i += grid_threads()) {
-    const uint2 local = mine + i < in_lanes ? in[mine + i] : make_uint2(0, 0);
+    const uint2 local = in.at(s.d, i);
     const uint2 r = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, local);
     if (i < out_lanes) out[i] = r;
     push_to_peers(cx, s.tp_group(), 1, i, r);
@@ -67,12 +64,13 @@ __global__ void __launch_bounds__(kThreads)
   const CallCtx cx = begin_call(g, kScatterTokens);
   const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
   check_buffers(cx, s.rc.offset[s.dp] > io.in_rows || s.rc.count(s.d) > io.out_rows);
+  const EarlyRows<uint2> input = early_rows(in, io.in_lanes(), s.rc, s.dp, io.row_lanes);  // (rows.cuh: why)
   arrive(cx, make_fingerprint(kScatterTokens, Lane<T>::kDType, kAlgorithm, s.variant(0), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
   if constexpr (kAlgorithm == kScatterTokensOneShot) {
-    scatter_one_shot<T>(cx, s, in, out, io);
+    scatter_one_shot<T>(cx, s, input, out, io);
   } else {
-    scatter_two_shot<T>(cx, s, in, out, io);
+    scatter_two_shot<T>(cx, s, input, out, io);
   }
   end_call(cx);
 }
@@ -88,7 +86,7 @@ extern "C" int hc_scatter_tokens(const GroupArgs* g, int algorithm, int dtype, i
   int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
-  const int blocks = blocks_for(in_rows * io.row_lanes, *g);
+  const int blocks = blocks_for(grid_rows(io, g->nranks / tp, RowsSpan::kLargest, in_rows) * io.row_lanes, *g);
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kScatterTokensOneShot)
       status = launch_kernel(scatter_tokens<Elem, kScatterTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp,
