@@ -80,6 +80,16 @@ def test_nccl_backend_matches_the_oracle_within_tolerance(pool):
     _run(pool, cases, backend="nccl", exact="none")
 
 
+@pytest.mark.timeout(900)
+def test_nccl_symm_backend_matches_the_oracle_within_tolerance(pool):
+    """The token transitions on NCCL symmetric windows (the other ops run as on nccl)."""
+    cases = []
+    for i, lay in enumerate(MAIN_LAYOUTS):
+        cases += [c for c in cases_for_layout(lay, dtypes=("bfloat16",), data="randn", row_shape=(64,), seed=40 + i)
+                  if c.op in ("gather_tokens", "scatter_tokens")]
+    _run(pool, cases, backend="nccl_symm", exact="none")
+
+
 REPLAY_OPS = [
     ("all_gather_v", "world", True, False), ("all_gather_v", "attn_tp", True, False),
     ("reduce_scatter_v", "world", True, False), ("reduce_scatter_v", "attn_dp", True, False),
