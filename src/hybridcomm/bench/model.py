@@ -167,6 +167,9 @@ def _time_backend(model, comm, backend: str, counts: list[int], prompts, steps: 
     step_us, comm_us = max_over_ranks([step_us, comm_us])
     row = {"backend": LABELS.get(backend, backend), "step_us": step_us, "comm_us": comm_us,
            "tokens_per_s": sum(counts) / step_us * 1e6}
+    note = getattr(comm.backends.get(backend), "note", None)  # nccl_symm: registered without symmetric windows
+    if note:
+        row["note"] = note
     kept = [t if i < KEEP else None for i, t in enumerate(logits)]
     return row, (fed, kept, [t.argmax(-1) for t in logits])
 
@@ -325,6 +328,8 @@ def format_model_table(results: dict) -> str:
             lines.append(lead + f"{b['step_us']:>10.1f} {base / b['step_us']:>8.2f}x {b['tokens_per_s']:>10.1f} "
                          f"{share:>7.1f} {b.get('max_rel_error', float('nan')):>12.3g} "
                          f"{b.get('top1_agreement', float('nan')):>6.3f}")
+    notes = {f"{b['backend']}: {b['note']}" for run in results["results"] for b in run["backends"] if "note" in b}
+    lines += sorted(notes)
     lines.append("speed-up: the best NCCL path's step time (nccl or nccl-symm) over the row's; comm %: the "
                  "step's transitions timed alone over the step")
     return "\n".join(lines)
