@@ -335,7 +335,7 @@ def cmd_bench_model(args) -> int:
         out.write_text(json.dumps(results, indent=1))
         out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
         _progress(f"wrote {out}, {out.with_suffix('.md')}")
-    return 0 if "FAIL" not in verdict(results) else 1
+    return 0 if "FAIL" not in verdict(results) and not results["failed"] else 1
 
 
 def parser() -> argparse.ArgumentParser:

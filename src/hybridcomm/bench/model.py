@@ -292,17 +292,21 @@ def bench_model(configs, layouts, tokens_list, world_size: int, device: str, bac
             print(f"[model] {layout.name}: skipping tokens {skipped} ({layout.attn_dp} DP groups)", file=sys.stderr)
         if points:
             jobs += [(config, name, layout.moe_tp, points) for config in configs]
-    results, phases = [], []
+    results, phases, failed = [], [], []
     with SpmdPool(world_size, device) as pool:
         for i, (config, name, moe_tp, points) in enumerate(jobs, 1):
             print(f"[model {i}/{len(jobs)}] {config} {name} tokens/dp {points} ...", file=sys.stderr, flush=True)
-            out = pool.run(run_model_bench, config, layers, name, moe_tp, points, list(backends), steps, dtype,
-                           check_logits, seed, eager, timeout=timeout_s)[0]
+            try:
+                out = pool.run(run_model_bench, config, layers, name, moe_tp, points, list(backends), steps, dtype,
+                               check_logits, seed, eager, timeout=timeout_s)[0]
+            except Exception as e:  # a deadline or a rank's error ends the pool: keep what finished
+                failed.append({"config": config, "layout": name, "error": f"{type(e).__name__}: {e}"[:2000]})
+                break
             results += out["results"]
             phases.append({"config": config, "layout": name, "seconds": out["phases"]})
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": torch.__version__, "device": device, "world_size": world_size, "results": results,
-            "phases": phases}
+            "phases": phases, "failed": failed}
 
 
 def _baseline_us(rows) -> float | None:
@@ -330,6 +334,7 @@ def format_model_table(results: dict) -> str:
                          f"{b.get('top1_agreement', float('nan')):>6.3f}")
     notes = {f"{b['backend']}: {b['note']}" for run in results["results"] for b in run["backends"] if "note" in b}
     lines += sorted(notes)
+    lines += [f"FAILED {f['config']} {f['layout']}: {f['error'].splitlines()[0]}" for f in results.get("failed", [])]
     lines.append("speed-up: the best NCCL path's step time (nccl or nccl-symm) over the row's; comm %: the "
                  "step's transitions timed alone over the step")
     return "\n".join(lines)
@@ -343,7 +348,7 @@ def verdict(results: dict) -> str:
     runs are reported (rounding differs between a sharded and a single-device computation)."""
     runs = [(r["dtype"], b) for r in results["results"] for b in r["backends"] if "max_rel_error" in b]
     if not runs:
-        return "check: skipped (--no-check)"
+        return "check: no checked rows (--no-check, or no run finished)"
     worst = max(b["max_rel_error"] for _, b in runs)
     top1 = min(b["top1_agreement"] for _, b in runs)
     if all(d == "float32" for d, _ in runs):
