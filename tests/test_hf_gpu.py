@@ -40,6 +40,9 @@ def _graph_decode(family: str, attn_tp: int, moe_tp: int, backend: str, dtype_na
     result["graphs"] = len(decoder._captured)
     result["keys"] = len({decoder.graph_key(c) for c in schedule})  # buckets (device counts) or count mixes
     result["mixes"] = len({tuple(c) for c in schedule})
+    del decoder  # its graphs hold the Communicator's buffers
+    torch.cuda.synchronize()
+    comm.close()  # on every rank here, not at garbage collection (nccl_symm's windows are released collectively)
     return result
 
 
