@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer quant model nodes ncu
+#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -44,8 +44,8 @@ for stage in $stages; do
     # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_quant.py \
-           tests/test_hf_gpu.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_quant.py tests/test_gpu_fp8_experts.py \
+           tests/test_hf_gpu.py tests/test_pdl.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
@@ -66,8 +66,14 @@ for stage in $stages; do
       # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
       run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
         --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
+    # fp8 experts fed by the fp8 gather (docs/quantization.md): bf16, fp8, nvfp4 gathers, NCCL vs ours
+    # shellcheck disable=SC2086
+    layer_quant) run layer_quant python3 -m hybridcomm bench layer $LAYER_LAYOUTS --tokens 1,16,128 \
+                   --quant none,fp8,nvfp4 --steps 10 --out "$LOGS/layer_quant_$TAG.json" ;;
     quant) run quant python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --hidden 4096,7168 \
              --tokens 1,16,64,128,256,512,1024 --out "$LOGS/quant_$TAG.json" ;;
+    # ~1 minute: producer (GEMM, elementwise, ours) -> our op with launch overlap off and on
+    pdl) run pdl python3 -m hybridcomm bench pdl --world "$WORLD" --out "$LOGS/pdl_$TAG.json" ;;
     # The real-shaped models, NCCL, NCCL on symmetric windows and hybridcomm: one timed call per
     # config x layout (JSON + md each). DeepSeek-V3 shapes: DSV3_LAYERS layers (2 on 2 GPUs; on
     # 4, empty: as many as one GPU holds with the single-device reference, hf/memory.py).
@@ -80,6 +86,10 @@ for stage in $stages; do
             --out "$LOGS/model_${cfg}_${lay}_$TAG.json"
         done
       done ;;
+    # A selection table from this machine's measurements (bench ops + transitions, their results
+    # kept beside it as table_<tag>_{ops,transitions}.json), then every op routed by it.
+    tune) run tune timeout "${TUNE_TIMEOUT:-600}" python3 -m hybridcomm tune --world "$WORLD" --out "$LOGS/table_$TAG.json"
+          run tune_check python3 -m hybridcomm check --world "$WORLD" --device cuda --quick --table "$LOGS/table_$TAG.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

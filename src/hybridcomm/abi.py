@@ -193,8 +193,8 @@ SIGNATURES = {
     "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
-    # quantized gather (quant_gather.cu): launched without PDL for now, so no pdl argument
-    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    # quantized gather (quant_gather.cu)
+    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # Lamport one-shots (lamport_*.cu)
     "hc_lamport_all_reduce": [_G, _L, _I, _P, _P, _I64, _I, _P],
     "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],

@@ -56,7 +56,9 @@ class Communicator:
         cannot run; nccl_symm, a benchmark baseline: backends/nccl_symm.py).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
     table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
-        table keyed by node count (algorithms.TABLES) also sets the tables across nodes.
+        table keyed by node count (algorithms.TABLES) also sets the tables across nodes. A
+        string or path: a name of algorithms.NAMED_TABLES, a packaged table ("4xH200") or a
+        `hybridcomm tune` file (table_file.py).
     """
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,

@@ -149,7 +149,7 @@ class NvlinkBackend:
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
         data, scales, residual_out = kernels.call("quant_gather", 
             x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
-            self.handles[group.name], tp, partial, op, quant.format.code, out_rows)
+            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, self.pdl)
         rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)
         return rows if fusion is None else (rows, residual_out)
 
