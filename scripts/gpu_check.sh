@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune
+#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -44,8 +44,9 @@ for stage in $stages; do
     # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_quant.py tests/test_gpu_fp8_experts.py \
-           tests/test_hf_gpu.py tests/test_pdl.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
+           tests/test_gpu_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_hf_gpu.py tests/test_pdl.py \
+           "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
@@ -56,6 +57,8 @@ for stage in $stages; do
              --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_$TAG.json" ;;
     # ~1-3 minutes: rank 0's kernels under Nsight Compute (scripts/ncu_profile.py says what the numbers mean)
     ncu) run ncu timeout "${NCU_TIMEOUT:-300}" python3 scripts/ncu_profile.py --world "$WORLD" --out "$LOGS/ncu_$TAG" ;;
+    # ~1 minute after its build: per-rank, per-phase times from in-kernel timestamps (scripts/latency_trace.py)
+    trace) run trace timeout "${TRACE_TIMEOUT:-600}" python3 scripts/latency_trace.py --world "$WORLD" --out "$LOGS" ;;
     nodes)
       run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
         tests/test_multinode.py

@@ -16,6 +16,7 @@ import torch
 
 from . import cli_args as ca
 from .algorithms import NAMED_TABLES
+from .build import VARIANTS
 from .layout import Layout
 from .ops import OPS
 from .table_file import packaged as packaged_tables
@@ -143,10 +144,10 @@ def cmd_build(args) -> int:
 
     arch = args.arch or (build.device_arch() if torch.cuda.is_available() else "90a")
     if args.objects:
-        objs = build.compile_objects(arch, Path(args.objects), verbose=True)
+        objs = build.compile_objects(arch, Path(args.objects), verbose=True, variant=args.variant)
         print(f"compiled {len(objs)} object(s) for sm_{arch} into {args.objects}")
     else:
-        print(build.build(arch, verbose=True))
+        print(build.build(arch, verbose=True, variant=args.variant))
     return 0
 
 
@@ -407,6 +408,8 @@ def parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")
     build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
     build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
+    build.add_argument("--variant", default="", choices=sorted(VARIANTS),
+                       help="'trace': the library whose kernels stamp phase boundaries (scripts/latency_trace.py)")
     build.set_defaults(fn=cmd_build)
 
     model = sub.add_parser("model", help="predicted µs across nodes: flat NCCL vs hierarchical (costmodel.py)")
