@@ -71,10 +71,19 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the gathered output.
+    # Message = the gathered output. two_step (two_step.py): reduce_scatter_v over attn-TP, then
+    # all_gather_v over the world, each on the kernel its own rule picks -- the composition the
+    # 23:20 run timed as "hc_unfused" (tune reads that column as two_step). Per size, the geometric
+    # mean over the layouts measured there (bench transitions: 8 KiB per token, so 2 MiB is TP4
+    # at 256 tokens/rank, DP2xTP2 at 128, DP4 at 64). From 2 MiB it wins where attn_tp > 1 (TP4
+    # 256: 23.3 vs Lamport 27.3 us; 4 MiB: TP4 512 31.9 vs 50.6, DP2xTP2 256 26.9 vs 30.4; 8 MiB:
+    # DP2xTP2 512 42.9 vs 55.3). Its loss: DP2xTP2 at 128 tokens/rank (2 MiB) takes 20.5 us
+    # against Lamport's 19.4. On DP4 (attn_tp = 1) it runs the same Lamport all_gather_v kernel
+    # (11.9 vs 11.8 at 2 MiB ... 57.2 vs 56.1 at 16 MiB: noise, within the 5% tolerance).
     "gather_tokens": (
         Rule(64 * KiB, "nvlink", "one_shot"),
-        Rule(16 * MiB, "nvlink", LAMPORT),
+        Rule(1 * MiB, "nvlink", LAMPORT),
+        Rule(16 * MiB, "nvlink", "two_step"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
@@ -100,10 +109,16 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(32 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the world-partial input (all tokens).
+    # Message = the world-partial input (all tokens). two_step: reduce_scatter_v over the world,
+    # then all_gather_v over attn-TP (the 23:20 run's "hc_unfused"), from 4 MiB (TP4 512: 32.8 vs
+    # Lamport 53.9 us; DP2xTP2 256: 27.3 vs 29.2; 8 MiB: DP2xTP2 512 45.7 vs 54.3). At 2 MiB the
+    # layouts disagree and the geometric mean keeps Lamport (17.8 vs 18.4 us): TP4 at 256
+    # tokens/rank loses 4.4 us there (Lamport 27.7 vs two_step 23.3), while DP2xTP2 at 128 gains
+    # 4.7 (16.4 vs 21.1). DP4: the same Lamport reduce_scatter_v kernel either way.
     "scatter_tokens": (
         Rule(128 * KiB, "nvlink", "one_shot"),
-        Rule(16 * MiB, "nvlink", LAMPORT),
+        Rule(2 * MiB, "nvlink", LAMPORT),
+        Rule(16 * MiB, "nvlink", "two_step"),
         Rule(None, "nccl", "nccl"),
     ),
 }
@@ -225,5 +240,6 @@ NAMED_TABLES = {
     "two_shot": forced(ops.algorithms_where(lambda a: a.name == "two_shot")),
     "bulk": forced(ops.algorithms_where(lambda a: a.protocol is ops.BULK)),
     "lamport": forced(ops.algorithms_where(lambda a: a.protocol is ops.LAMPORT)),
+    "two_step": forced(ops.algorithms_where(lambda a: a.name == "two_step")),  # the transitions composed
     "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

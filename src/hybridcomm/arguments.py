@@ -127,3 +127,15 @@ def split_evenly(rows: int, parts: int) -> list[int]:
     kernels compute the same cut on the device.
     """
     return [rows * (p + 1) // parts - rows * p // parts for p in range(parts)]
+
+
+def split_sizes(sizes: Sizes, parts: int) -> list[int] | torch.Tensor:
+    """Each count cut into `parts` (split_evenly), flattened: the rows of every (DP group,
+    attn-TP rank) in world order. On the device if sizes are (an int32 tensor, no host sync:
+    capturable, so a graph replays with new counts)."""
+    if sizes.host is not None:
+        return [c for n in sizes.host for c in split_evenly(n, parts)]
+    c = sizes.device.long()[:, None]
+    p = torch.arange(parts, device=c.device)[None, :]
+    return ((c * (p + 1)) // parts - (c * p) // parts).reshape(-1).to(torch.int32)
+

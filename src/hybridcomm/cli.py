@@ -178,7 +178,7 @@ def cmd_bench_transitions(args) -> int:
     from .bench.transitions import bench_transitions
 
     ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
-    results = bench_transitions([lay.name for lay in args.layouts], args.world)
+    results = bench_transitions([lay.name for lay in args.layouts], args.world, args.tokens)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
     return 0
@@ -456,6 +456,8 @@ def parser() -> argparse.ArgumentParser:
                     help="comma-separated layouts of --world ranks (default dp2xtp2,dp4,tp4); separate "
                          "key=value layouts with ';'")
     tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
+    tr.add_argument("--tokens", type=ca.count_list, default=None,
+                    help="tokens per DP rank, comma-separated (default 1,2,4,...,512)")
     tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
 

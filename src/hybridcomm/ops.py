@@ -48,6 +48,9 @@ class Algorithm:
     # exchanges it inside the call, beside its arrival packet (csrc/own_count.cuh). Elsewhere
     # a Counts is exchanged before the op by a separate all-gather (counts.py).
     own_count: bool = False
+    # No kernel of its own: two of the communicator's ops in sequence (two_step.py), each
+    # choosing its kernel by the table; the composition's checks are the sub-ops'.
+    composed: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 # scatters and reductions need every count before they send, and the quantized gather has
 # not been taught (a Counts reaching them is exchanged first, counts.py).
 OWN = {"own_count": True}
+# The transitions as two row ops (two_step.py): gather = reduce_scatter_v(attn-TP) +
+# all_gather_v(world), scatter = reduce_scatter_v(world) + all_gather_v(attn-TP). Last in the
+# registry: tune's ties go to the one-kernel algorithms.
+TWO_STEP = Algorithm("two_step", None, composed=True)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -96,14 +103,14 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT, **OWN),
-        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN)),
-        on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
+        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN),
+        TWO_STEP), on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
     # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
     OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("fused", abi.GatherTokensAlgorithm.FUSED, **OWN),), on_world=True),
     OpSpec("scatter_tokens", abi.OpCode.SCATTER_TOKENS, "input", "rows", (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
-        Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),
+        Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT, TWO_STEP),
         on_world=True, reduces_to={"attn_tp": "reduce_scatter_v"}),
     # quant= on all_gather_v / gather_tokens (optionally fused with the norm): one kernel
     # (csrc/quant_gather.cu); the format is a launcher argument. Errors report the base op.
@@ -137,7 +144,11 @@ def algorithms_where(predicate) -> dict[str, str]:
 def describe() -> str:
     """One line per op: its algorithms, their protocols, and whether their kernel exchanges a
     Counts' own count (`hybridcomm info`)."""
-    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({a.protocol.name}{', own counts' * a.own_count})"
+    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({_how(a)}{', own counts' * a.own_count})"
                                                      for a in s.algorithms)
                      + "".join(f"; {axis}=1: {other}" for axis, other in s.reduces_to.items())
                      for s in OPS.values())
+
+
+def _how(a: Algorithm) -> str:
+    return "two ops, each by the table" if a.composed else a.protocol.name

@@ -4,10 +4,11 @@ Input: the JSON of `bench ops` and `bench transitions` (GPU runs), whose records
 algorithm forced (`hc_<algorithm>`) and the baselines at each size, in the same run.
 
 Candidates are what a table rule can name: our algorithms (`hc_<algorithm>` of the op's
-registry entry, backend nvlink) and NCCL (the `nccl` column: NCCL called directly on the
-op; for the transitions the two-collective sequence the NCCL backend runs). Baselines the
-Communicator cannot route to (NCCL on symmetric windows, torch symm_mem, our unfused pair)
-are not candidates. `hc_norm` / `nccl_norm` of the transitions fill gather_tokens_norm.
+registry entry, backend nvlink; for the transitions also `hc_two_step`, our two row ops,
+named `hc_unfused` in results taken before the table could name it) and NCCL (the `nccl`
+column: NCCL called directly on the op; for the transitions the two-collective sequence the
+NCCL backend runs). Baselines the Communicator cannot route to (NCCL on symmetric windows,
+torch symm_mem) are not candidates. `hc_norm` / `nccl_norm` of the transitions fill gather_tokens_norm.
 
 Per op and measured size, the candidates that ran at that size are compared by their µs
 (a transitions size measured on several layouts: the geometric mean over those layouts, and
@@ -51,6 +52,9 @@ OTHER_OP_COLUMNS = {
     ("gather_tokens", "hc_norm"): ("gather_tokens_norm", "nvlink", "fused"),
     ("gather_tokens", "nccl_norm"): ("gather_tokens_norm", *NCCL),
 }
+# Columns that older results name otherwise: hc_unfused timed the two_step composition
+# (two_step.py: the same two sub-ops, each by the table) before it was an algorithm.
+RENAMED_COLUMNS = {"hc_unfused": "hc_two_step"}
 
 
 # What each benchmark's results hold: a top-level key, and the fields of every record.
@@ -68,6 +72,7 @@ def candidate(op: str, impl: str) -> tuple[str, str, str] | None:
         return OTHER_OP_COLUMNS[(op, impl)]
     if op not in OPS:
         return None
+    impl = RENAMED_COLUMNS.get(impl, impl)
     if impl == "nccl":
         return (op, *NCCL)
     names = [a.name for a in OPS[op].algorithms]

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ..arguments import Sizes, parse_sizes, result_rows, split_evenly
+from .. import subops
+from ..arguments import Sizes, parse_sizes, result_rows, split_evenly, split_sizes
 from ..errors import CapacityExceeded, PeerTimeout
 from ..groups import Group, leg_name
 from ..norm import add_rms_norm
@@ -90,15 +91,6 @@ def scattered_index(counts: torch.Tensor, nodes: int, per_node: int, cap: int, i
     return (starts[m][:, None] + w[None, :]).clamp(max=max(input_rows - 1, 0)).reshape(-1)
 
 
-def split_sizes(sizes: Sizes, parts: int) -> list[int] | torch.Tensor:
-    """Each count cut into `parts` (arguments.split_evenly), flattened; on the device if sizes are."""
-    if sizes.host is not None:
-        return [c for n in sizes.host for c in split_evenly(n, parts)]
-    c = sizes.device.long()[:, None]
-    p = torch.arange(parts, device=c.device)[None, :]
-    return ((c * (p + 1)) // parts - (c * p) // parts).reshape(-1).to(torch.int32)
-
-
 class HierarchicalBackend:
     """(Quantized gathers never come here: the Communicator keeps them on the flat paths.)"""
 
@@ -119,16 +111,8 @@ class HierarchicalBackend:
         return self._indices[key]
 
     def _run(self, op: str, group: str, x: torch.Tensor, sizes=None) -> torch.Tensor:
-        """One op of a leg or sub-step on a (public or internal) group, through the Communicator's
-        selection but not its argument checks and agreement: those ran once for the whole call,
-        and the legs are consistent by construction. sizes: Sizes, a list, or a device tensor."""
-        g = self.groups[group]
-        if sizes is not None and not isinstance(sizes, Sizes):
-            sizes = parse_sizes(sizes, g.size, x.device, "sizes")
-        backend, algorithm = self.comm._select(op, g, x, sizes, g.index)
-        if op == "all_reduce":
-            return backend.all_reduce(x, g, algorithm)
-        return getattr(backend, op)(x, sizes, g, algorithm)
+        """One op of a leg or sub-step on a (public or internal) group (subops.run)."""
+        return subops.run(self.comm, op, group, x, sizes)
 
     def _gather(self, x: torch.Tensor, sizes: Sizes, group: str) -> torch.Tensor:
         """all_gather_v over a public group. Device sizes: a fixed-size gather of every member's

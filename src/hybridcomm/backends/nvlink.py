@@ -21,6 +21,7 @@ from ..groups import Group
 from ..layout import GROUP_NAMES
 from ..ops import LAMPORT, OPS, op_name
 from ..quant import QuantizedRows
+from ..two_step import TwoStep
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
 
 PDL = True  # default launch option: overlap each kernel's launch with the kernel before it (csrc/pdl.cuh)
@@ -34,6 +35,7 @@ class NvlinkBackend:
         self.pdl = pdl  # passed with every launch: the one place it is set (tests run both)
         self.workspace = Workspace(comm.layout, comm.groups, comm.device,
                                    workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
+        self.two_step = TwoStep(comm)  # the composed algorithm: two of comm's own ops
         self.handles: dict[str, int] = {}
         if self.workspace.args:
             lib = build.load(build.device_arch())
@@ -52,6 +54,8 @@ class NvlinkBackend:
             return (f"quantized rows of shape {tuple(x.shape[1:])}: the kernel takes a hidden size that is a "
                     f"multiple of 16, at most {MAX_QUANT_HIDDEN}")
         alg = spec.algorithm(algorithm)
+        if alg.composed:
+            return None  # each step is selected (and checked, or sent to NCCL) on its own
         if alg.protocol is LAMPORT and x.dtype not in DTYPE_CODE:
             return f"the Lamport protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
         if spec.shape == "flat":
@@ -101,6 +105,8 @@ class NvlinkBackend:
         if fusion is not None:
             return kernels.call("gather_tokens_norm", x, *_gather_sizes(dp_sizes), fusion.residual, fusion.weight,
                                 fusion.eps, handle, tp, partial, out_rows, self.pdl)
+        if _is_composed("gather_tokens", algorithm):
+            return self.two_step.gather_tokens(x, dp_sizes, partial)
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
             # same order), and that kernel is the leaner one (measured: results/4xH200).
@@ -113,6 +119,8 @@ class NvlinkBackend:
                             _code("gather_tokens", algorithm), out_rows, self.pdl)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
+        if _is_composed("scatter_tokens", algorithm):
+            return self.two_step.scatter_tokens(y, dp_sizes)
         if self.layout.attn_tp == 1:
             # One rank per DP group: exactly reduce_scatter_v over the world, the leaner kernel.
             return self._reduced("scatter_tokens", y, dp_sizes, algorithm)
@@ -196,6 +204,11 @@ def _gather_sizes(sizes: Sizes) -> tuple:
 @functools.cache
 def _is_lamport(op: str, algorithm: str) -> bool:
     return OPS[op].algorithm(algorithm).protocol is LAMPORT
+
+
+@functools.cache
+def _is_composed(op: str, algorithm: str) -> bool:
+    return OPS[op].algorithm(algorithm).composed
 
 
 @functools.cache

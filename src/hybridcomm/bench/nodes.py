@@ -10,7 +10,7 @@ Records have the formats of `bench ops` and `bench transitions` (same reports):
   all_reduce over the world, 2 KB - 64 MB: hybridcomm (the Communicator: hierarchical, the
     table's choice), hier_one_shot / hier_two_shot (forced), nccl, nccl_symm;
   gather_tokens / scatter_tokens, hidden 4096 bf16, 1-1024 tokens per DP rank and one
-    imbalanced case: hybridcomm, hc_unfused (the two steps through our ops), nccl, nccl_symm,
+    imbalanced case: hybridcomm, hc_two_step (the two steps through our ops, two_step.py), nccl, nccl_symm,
     and the fused norm against NCCL's all-reduce + norm + all-gather.
 """
 

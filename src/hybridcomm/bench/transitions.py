@@ -5,8 +5,10 @@ Columns (µs per call, graph replay, median, max over ranks):
   nccl         the two-kernel sequences engines run: gather = RS(attn-TP) + AG(world),
                scatter = RS(world) + AG(attn-TP) (uneven counts: NCCL grouped ops)
   nccl_symm    the same on NCCL symmetric-window buffers
-  hc_unfused   the same two steps with our reduce_scatter_v / all_gather_v kernels
-  hc_one_shot, hc_two_shot   our single-kernel transitions, each algorithm forced
+  hc_one_shot, hc_two_shot, hc_one_shot_lamport   our single-kernel transitions, each forced
+  hc_two_step  the same two steps as nccl through our reduce_scatter_v / all_gather_v, each
+               choosing its kernel by the table (two_step.py), forced like the others (results
+               before it existed call this column hc_unfused; tune reads both)
   hybridcomm   the Communicator's choice
   nccl_norm / hc_norm  gather with residual add + RMSNorm: AR(attn-TP) + norm + AG(DP)
                in NCCL and torch, against our fused kernel
@@ -24,11 +26,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from ..arguments import split_evenly
+from ..arguments import Sizes, split_evenly
 from ..backends import nccl
 from ..communicator import Communicator
 from ..layout import Layout
 from ..norm import ResidualNorm
+from ..two_step import TwoStep
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
 from .ops import add_forced_calls, forced_communicators
@@ -84,8 +87,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
     g, layout, device = comm.groups, comm.layout, comm.device
     mine = counts[g["attn_dp"].index]
     total = sum(counts)
-    tp_chunks = split_evenly(mine, layout.attn_tp)
-    world_counts = [c for n in counts for c in split_evenly(n, layout.attn_tp)]
+    # hc_two_step without a forced Communicator (bench nodes passes none): the composition on comm.
+    dp_sizes, composed = Sizes(layout.attn_dp, host=tuple(counts)), TwoStep(comm)
 
     def plain_view(i, shape):
         return plain[i][: shape[0] * shape[1] * 2].view(DTYPE).view(shape)
@@ -99,11 +102,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
         calls["nccl"] = partial(_two_step(op, comm, counts, plain_view), x)
         if symm.buffers is not None:
             calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (mine, HIDDEN)).normal_())
-        if layout.attn_tp > 1:
-            calls["hc_unfused"] = lambda: comm.all_gather_v(comm.reduce_scatter_v(x, tp_chunks, "attn_tp"), world_counts)
-        else:
-            calls["hc_unfused"] = lambda: comm.all_gather_v(x, world_counts)
         add_forced_calls(calls, op, forced_comms, lambda c: c.gather_tokens(x, counts))
+        calls.setdefault("hc_two_step", lambda: composed.gather_tokens(x, dp_sizes, True))
         calls["hybridcomm"] = lambda: comm.gather_tokens(x, counts)
         residual = torch.randn(mine, HIDDEN, dtype=DTYPE, device=device)
         weight = torch.randn(HIDDEN, dtype=DTYPE, device=device)
@@ -115,18 +115,15 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
         calls["nccl"] = partial(_two_step(op, comm, counts, plain_view), y)
         if symm.buffers is not None:
             calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (total, HIDDEN)).normal_())
-        if layout.attn_tp > 1:
-            calls["hc_unfused"] = lambda: comm.all_gather_v(comm.reduce_scatter_v(y, world_counts), tp_chunks, "attn_tp")
-        else:
-            calls["hc_unfused"] = lambda: comm.reduce_scatter_v(y, world_counts)
         add_forced_calls(calls, op, forced_comms, lambda c: c.scatter_tokens(y, counts))
+        calls.setdefault("hc_two_step", lambda: composed.scatter_tokens(y, dp_sizes))
         calls["hybridcomm"] = lambda: comm.scatter_tokens(y, counts)
     if layout.attn_dp == 1:
         calls.update(_all_reduce_calls(total, symm, sm, plain[3]))
     return calls
 
 
-def sweep_transitions(layout_names: list[str]) -> dict:
+def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None) -> dict:
     """Worker entry (every rank)."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
@@ -137,7 +134,7 @@ def sweep_transitions(layout_names: list[str]) -> dict:
         layout = Layout.parse(name)
         comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
         forced_comms = forced_communicators(layout, list(OPS), workspace_bytes=32 << 20)
-        for label, counts in token_cases(layout):
+        for label, counts in token_cases(layout, tokens or TOKENS):
             for op in OPS:
                 calls = _calls(op, counts, comm, forced_comms, symm, plain, sm)
                 names = sorted(calls)
@@ -154,8 +151,9 @@ def sweep_transitions(layout_names: list[str]) -> dict:
             "nccl_symm_note": symm.error, "symm_mem_note": sm.error, "records": records}
 
 
-def bench_transitions(layouts: list[str], world_size: int = 4, timeout_s: float = 900.0) -> dict:
+def bench_transitions(layouts: list[str], world_size: int = 4, tokens: list[int] | None = None,
+                      timeout_s: float = 900.0) -> dict:
     from ..spmd import SpmdPool
 
     with SpmdPool(world_size, "cuda") as pool:
-        return pool.run(sweep_transitions, layouts, timeout=timeout_s)[0]
+        return pool.run(sweep_transitions, layouts, tokens, timeout=timeout_s)[0]
