@@ -75,7 +75,8 @@ def test_two_step_is_the_reference_transition_bit_for_bit(pool, world):
         for case, (reference, composed, kept_choice) in zip(cases, outcomes):
             assert reference.ok, f"rank {rank}: the reference itself: {reference.case}: {reference.detail}"
             if not composed.ok or composed.digest != reference.digest:
-                failures.append(f"rank {rank}: {case.describe()}: {composed.detail or 'bits differ from the reference'}")
+                why = composed.detail or "bits differ from the reference"
+                failures.append(f"rank {rank}: {case.describe()}: {why}")
             assert kept_choice, "a step changed comm.last_choice (it must stay the call's)"
     failures += cross_rank_mismatches(cases, [[c for _, c, _ in outcomes] for outcomes in per_rank])
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])

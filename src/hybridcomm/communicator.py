@@ -180,8 +180,8 @@ class Communicator:
         with the same attn_tp index; NCCL cuts each group's rows into attn_tp contiguous
         chunks (arguments.split_evenly) and takes chunk t from attn-TP rank t (the fused
         variant: like the reference); our kernels take this group's rows from this rank and
-        chunk t of another group's rows from its rank t. If the copies differ, the results
-        differ across backends and across ranks.
+        chunk t of another group's rows from its rank t (two_step: like NCCL). If the copies
+        differ, the results differ across backends and across ranks.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
         counts = dp_sizes
