@@ -116,6 +116,21 @@ def test_device_sizes_at_full_capacity_keep_the_transition_s_capacity(pool, worl
             assert got_shape == want_shape and equal, (what, want_shape, got_shape, equal)
 
 
+def test_chunk_sizes_on_the_device_are_the_host_s():
+    import torch
+
+    from hybridcomm.arguments import Sizes, split_evenly, split_sizes
+
+    rng = random.Random(3)
+    for _ in range(300):
+        dp, tp = rng.randint(1, 8), rng.choice([1, 2, 3, 4, 8])
+        counts = tuple(rng.choice([0, 1, 2, rng.randint(0, 5000)]) for _ in range(dp))
+        on_device = split_sizes(Sizes(dp, device=torch.tensor(counts, dtype=torch.int32)), tp)
+        assert on_device.dtype == torch.int32 and on_device.is_contiguous()
+        assert on_device.tolist() == split_sizes(Sizes(dp, host=counts), tp) == [
+            c for n in counts for c in split_evenly(n, tp)], (counts, tp)
+
+
 def test_two_step_is_an_algorithm_of_both_transitions_that_tables_can_name():
     for op in ("gather_tokens", "scatter_tokens"):
         assert ops.OPS[op].algorithm("two_step").composed

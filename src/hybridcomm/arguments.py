@@ -131,11 +131,13 @@ def split_evenly(rows: int, parts: int) -> list[int]:
 
 def split_sizes(sizes: Sizes, parts: int) -> list[int] | torch.Tensor:
     """Each count cut into `parts` (split_evenly), flattened: the rows of every (DP group,
-    attn-TP rank) in world order. On the device if sizes are (an int32 tensor, no host sync:
-    capturable, so a graph replays with new counts)."""
+    attn-TP rank) in world order. On the device if sizes are: an int32 tensor from four small
+    kernels, no host sync (capturable: a graph replays with new counts); in int32, so counts
+    stay below 2**31 / parts."""
     if sizes.host is not None:
         return [c for n in sizes.host for c in split_evenly(n, parts)]
-    c = sizes.device.long()[:, None]
-    p = torch.arange(parts, device=c.device)[None, :]
-    return ((c * (p + 1)) // parts - (c * p) // parts).reshape(-1).to(torch.int32)
+    # Part p of n is floor(n (p + 1) / parts) - floor(n p / parts): differences of the bounds.
+    counts = sizes.device
+    bounds = counts[:, None] * torch.arange(parts + 1, dtype=torch.int32, device=counts.device) // parts
+    return (bounds[:, 1:] - bounds[:, :-1]).reshape(-1)
 
