@@ -60,8 +60,8 @@ def _cases(world: int) -> list[Case]:
                 for sizes in _counts(lay.attn_dp, rng):
                     base = dict(layout=lay, sizes=sizes, row_shape=(16,), dtype=dtype, data=data,
                                 device_sizes=device_sizes, seed=rng.randrange(1 << 30))
-                    cases += [Case("gather_tokens", partial=True, **base), Case("gather_tokens", partial=False, **base),
-                              Case("scatter_tokens", **base)]
+                    cases += [Case("gather_tokens", partial=True, **base),
+                              Case("gather_tokens", partial=False, **base), Case("scatter_tokens", **base)]
     return cases
 
 
@@ -114,6 +114,95 @@ def test_device_sizes_at_full_capacity_keep_the_transition_s_capacity(pool, worl
     for outcomes in pool(world).run(_tight_capacity, world, timeout=60):
         for what, want_shape, got_shape, equal in outcomes:
             assert got_shape == want_shape and equal, (what, want_shape, got_shape, equal)
+
+
+def _nvlink_without_kernels(comm):
+    """The nvlink backend as the Communicator holds it, minus the workspace and kernels (which
+    need GPUs): enough to reach its two_step dispatch and its blocker."""
+    from types import SimpleNamespace
+
+    from hybridcomm.backends.nvlink import NvlinkBackend
+
+    backend = NvlinkBackend.__new__(NvlinkBackend)
+    backend.layout, backend.groups, backend.timeout_s = comm.layout, comm.groups, comm.timeout_s
+    backend.two_step, backend.handles = TwoStep(comm), {name: 0 for name in comm.groups}
+    backend.workspace = SimpleNamespace(blocker=None, args={})
+    return backend
+
+
+def _through_the_communicator(world, seed):
+    """Worker: a CPU Communicator whose table sends the transitions to nvlink/two_step (its
+    steps to the reference): the public calls with host, device and own (Counts) sizes, the
+    Counts kept for the scatter, last_choice; against a plain Communicator's results."""
+    import torch
+
+    import hybridcomm as hc
+    from hybridcomm.algorithms import Choice
+
+    out = []
+    for lay in Layout.all_for_world(world):
+        if lay.moe_tp != 1:
+            continue
+        comm, plain = hc.Communicator(lay), hc.Communicator(lay)
+        comm.backends["nvlink"] = _nvlink_without_kernels(comm)
+        steps = comm._decide
+        comm._decide = lambda op, *a: Choice("nvlink", "two_step", "test") if op.endswith("_tokens") else steps(op, *a)
+        c = lay.coords(comm.rank)
+        rng = random.Random(seed)
+        counts = [rng.randint(0, 6) for _ in range(lay.attn_dp)]
+        counts[rng.randrange(lay.attn_dp)] = 0
+        mine = counts[c.attn_dp_rank]
+        torch.manual_seed(seed + comm.rank)
+        rows = {"host": mine, "device": max(counts) + 2, "own": max(counts) + 2}  # device: one capacity
+        for kind in ("host", "device", "own"):
+            x = torch.randn(rows[kind], 16, dtype=torch.bfloat16)
+            y = torch.randn(sum(counts), 16, dtype=torch.bfloat16)
+            copy = torch.Generator().manual_seed(seed + 100 * c.attn_dp_rank)  # the same on a group's attn-TP ranks
+            replicated = torch.randn(rows[kind], 16, generator=copy).to(torch.bfloat16)
+            def sizes():
+                if kind == "host":
+                    return counts
+                if kind == "device":
+                    return torch.tensor(counts, dtype=torch.int32)
+                return hc.Counts(torch.tensor([mine], dtype=torch.int32))
+            for partial in (True, False):
+                xs = x if partial else replicated
+                got, want = comm.gather_tokens(xs, sizes(), partial), plain.gather_tokens(xs, sizes(), partial)
+                out.append((f"{lay.name} gather {kind} partial={partial}", comm.last_choice.algorithm,
+                            bool(got[: sum(counts)].equal(want[: sum(counts)]))))
+            shared = sizes()
+            if kind == "own":  # the gather exchanges the Counts; the scatter reuses them
+                comm.gather_tokens(x, shared)
+            got, want = comm.scatter_tokens(y, shared), plain.scatter_tokens(y, counts)
+            same = bool(got[:mine].equal(want[:mine]))
+            out.append((f"{lay.name} scatter {kind}", comm.last_choice.algorithm, same))
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_communicator_reaches_two_step_through_the_nvlink_backend(pool, world):
+    for outcomes in pool(world).run(_through_the_communicator, world, 5, timeout=90):
+        for what, algorithm, equal in outcomes:
+            assert algorithm == "two_step" and equal, (what, algorithm, equal)
+
+
+def _blockers():
+    import torch
+
+    from hybridcomm.check import communicator
+
+    comm = communicator(Layout(2, attn_tp=2))
+    backend, world = _nvlink_without_kernels(comm), comm.groups["world"]
+    odd = torch.zeros(4, 3, dtype=torch.float16)  # rows of 6 bytes: no kernel takes them
+    return [backend.blocker(op, algorithm, world, odd, parse_sizes([4], 1, comm.device, "dp_sizes"))
+            for op in ("gather_tokens", "scatter_tokens") for algorithm in ("two_step", "one_shot")]
+
+
+def test_two_step_leaves_the_blocking_to_its_steps(pool):
+    for two_step, one_shot, scatter_two_step, scatter_one_shot in pool(2).run(_blockers, timeout=60):
+        assert two_step is None and scatter_two_step is None  # each step is checked when it is selected
+        assert "rows of 6 bytes" in one_shot and "rows of 6 bytes" in scatter_one_shot
 
 
 def test_chunk_sizes_on_the_device_are_the_host_s():
