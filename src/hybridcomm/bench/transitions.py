@@ -87,7 +87,7 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
     g, layout, device = comm.groups, comm.layout, comm.device
     mine = counts[g["attn_dp"].index]
     total = sum(counts)
-    # hc_two_step without a forced Communicator (bench nodes passes none): the composition on comm.
+    # Without forced Communicators (bench nodes passes none) hc_two_step is the composition on comm.
     dp_sizes, composed = Sizes(layout.attn_dp, host=tuple(counts)), TwoStep(comm)
 
     def plain_view(i, shape):
@@ -103,7 +103,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
         if symm.buffers is not None:
             calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (mine, HIDDEN)).normal_())
         add_forced_calls(calls, op, forced_comms, lambda c: c.gather_tokens(x, counts))
-        calls.setdefault("hc_two_step", lambda: composed.gather_tokens(x, dp_sizes, True))
+        if not forced_comms:
+            calls["hc_two_step"] = lambda: composed.gather_tokens(x, dp_sizes, True)
         calls["hybridcomm"] = lambda: comm.gather_tokens(x, counts)
         residual = torch.randn(mine, HIDDEN, dtype=DTYPE, device=device)
         weight = torch.randn(HIDDEN, dtype=DTYPE, device=device)
@@ -116,7 +117,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
         if symm.buffers is not None:
             calls["nccl_symm"] = partial(_two_step(op, comm, counts, symm_view), symm_view(0, (total, HIDDEN)).normal_())
         add_forced_calls(calls, op, forced_comms, lambda c: c.scatter_tokens(y, counts))
-        calls.setdefault("hc_two_step", lambda: composed.scatter_tokens(y, dp_sizes))
+        if not forced_comms:
+            calls["hc_two_step"] = lambda: composed.scatter_tokens(y, dp_sizes)
         calls["hybridcomm"] = lambda: comm.scatter_tokens(y, counts)
     if layout.attn_dp == 1:
         calls.update(_all_reduce_calls(total, symm, sm, plain[3]))
