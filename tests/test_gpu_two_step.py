@@ -2,8 +2,10 @@
 every size on every layout of the world (bit for bit with the oracle, which is the reference's
 fp32 group-order sum; host and device-side counts, partial and replicated gathers, uneven
 counts with zeros, rows up to 4096 wide), one CUDA graph replayed with new device-side counts,
-and the selection table reaching it at a large size (against the reference backend's bits).
-World 4 with 4 or more GPUs, else 2; skipped with fewer. tests/test_two_step.py runs the same
+the selection table reaching it at a large size (against the reference backend's bits), and
+own counts (hc.Counts of a device count: its all_gather_v step exchanges the chunk counts in
+its kernel; test_gpu_counts.py's checks, eager and in a graph with gather + scatter). World 4
+with 4 or more GPUs, else 2; skipped with fewer. tests/test_two_step.py runs the same
 composition on CPU."""
 
 import pytest
@@ -113,3 +115,19 @@ def test_the_table_runs_two_step_at_large_sizes_with_the_reference_s_bits(pool):
         for case, (choice, got, want) in zip(cases, outcomes):
             assert choice == ("nvlink", "two_step"), (rank, case.describe(), choice)
             assert got == want, f"rank {rank}: {case.describe()}: bits differ from the reference backend"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", TP_LAYOUTS, ids=lambda lay: lay.name)
+def test_own_counts_are_exchanged_in_the_kernel_eager_and_in_a_graph(pool, layout):
+    from test_gpu_counts import _eager, _replays
+
+    per_rank = pool(WORLD, "cuda").run(_eager, layout, "two_step", 13, timeout=600)
+    failures = [f"rank {r}: {f}" for r, fs in enumerate(per_rank) for f in fs]
+    assert not failures, "\n".join(failures[:20])
+    for partial in (True, False):
+        variant = ("gather_tokens", "world", partial, False)
+        for rank, result in enumerate(pool(WORLD, "cuda").run(_replays, layout, variant, "two_step", 100, 7,
+                                                             timeout=600)):
+            assert result["mismatches"] == 0, f"partial={partial} rank {rank}: {result['failures']}"
+

@@ -149,8 +149,9 @@ def _through_the_communicator(world, seed):
         comm._decide = lambda op, *a: Choice("nvlink", "two_step", "test") if op.endswith("_tokens") else steps(op, *a)
         c = lay.coords(comm.rank)
         rng = random.Random(seed)
-        counts = [rng.randint(0, 6) for _ in range(lay.attn_dp)]
-        counts[rng.randrange(lay.attn_dp)] = 0
+        counts = [rng.randint(1, 6) for _ in range(lay.attn_dp)]
+        if lay.attn_dp > 1:
+            counts[rng.randrange(lay.attn_dp)] = 0
         mine = counts[c.attn_dp_rank]
         torch.manual_seed(seed + comm.rank)
         rows = {"host": mine, "device": max(counts) + 2, "own": max(counts) + 2}  # device: one capacity
@@ -173,6 +174,7 @@ def _through_the_communicator(world, seed):
             shared = sizes()
             if kind == "own":  # the gather exchanges the Counts; the scatter reuses them
                 comm.gather_tokens(x, shared)
+                out.append((f"{lay.name} Counts learned", comm.last_choice.algorithm, shared.sizes.tolist() == counts))
             got, want = comm.scatter_tokens(y, shared), plain.scatter_tokens(y, counts)
             same = bool(got[:mine].equal(want[:mine]))
             out.append((f"{lay.name} scatter {kind}", comm.last_choice.algorithm, same))

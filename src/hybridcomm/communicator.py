@@ -285,8 +285,12 @@ class Communicator:
         (ops.Algorithm.own_count), or it is exchanged now (counts.settle)."""
         if sizes is None or sizes.own is None:
             return sizes
-        by_kernel = backend is self.backends.get("nvlink") and OPS[op].algorithm(algorithm).own_count
-        return settle_counts(counts, sizes, group, self.device, by_kernel)
+        return settle_counts(counts, sizes, group, self.device, self._exchanges_counts(op, backend, algorithm))
+
+    def _exchanges_counts(self, op: str, backend, algorithm: str | None) -> bool:
+        """Whether the chosen algorithm exchanges a Counts' own count itself (in our kernel, or
+        in the steps of a composed one: ops.Algorithm.own_count)."""
+        return backend is self.backends.get("nvlink") and OPS[op].algorithm(algorithm).own_count
 
     def _group(self, name: str) -> Group:
         if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"

@@ -14,10 +14,12 @@ from the packets that arrived and places the rows it receives (csrc/own_count.cu
 launch, no host sync, capturable: a graph replays with new counts. The kernel writes every
 member's count into `counts.sizes` (a device int32 tensor), and the op's result has capacity
 rows as with device-side sizes. Which algorithms can: `ops.Algorithm.own_count` (the LL and
-Lamport one-shots of both gathers, gather_tokens' two-shot and fused norm; not the quantized
-gather). There the kernel checks that the attn-TP ranks of each DP group passed the same
-count (else ArgumentMismatch on every rank) and that every count fits its rank's input rows
-and the workspace (else CapacityExceeded on every rank).
+Lamport one-shots of both gathers, gather_tokens' two-shot and fused norm, and its two_step,
+whose all_gather_v step exchanges the chunk counts; not the quantized gather). There the kernel
+checks that the attn-TP ranks of each DP group passed the same count (else ArgumentMismatch on
+every rank; two_step: on that group's ranks, from its reduce_scatter_v step, and only when
+partial) and that every count fits its rank's input rows and the workspace (else
+CapacityExceeded on every rank).
 
 Everywhere else -- an int, the reference and NCCL backends, the quantized gather, groups
 across nodes, `Communicator(validate=True)` (whose check compares every count), a Counts
@@ -103,12 +105,8 @@ def exchange(counts: Counts, group: Group, device: torch.device):
         return counts.sizes
     own = counts.own
     if isinstance(own, torch.Tensor):
-        mine = own.reshape(1).to(device)
-        sizes = torch.empty(group.size, dtype=torch.int32, device=device)
-        if group.size == 1:
-            sizes.copy_(mine)
-        else:
-            dist.all_gather_into_tensor(sizes, mine, group=group.pg)
+        sizes = exchange_into(own.reshape(1).to(device), torch.empty(group.size, dtype=torch.int32, device=device),
+                              group)
     else:
         mine = torch.tensor([own], dtype=torch.int64, device=device)
         if group.size == 1:
@@ -118,4 +116,14 @@ def exchange(counts: Counts, group: Group, device: torch.device):
             dist.all_gather(gathered, mine, group=group.pg)
             sizes = tuple(int(v) for v in torch.cat(gathered).tolist())
     counts.sizes, counts.group = sizes, group.name
+    return sizes
+
+
+def exchange_into(own: torch.Tensor, sizes: torch.Tensor, group: Group) -> torch.Tensor:
+    """Every member's 1-element int32 device count into `sizes` (device to device: no host
+    sync, capturable, one NCCL launch)."""
+    if group.size == 1:
+        sizes.copy_(own)
+    else:
+        dist.all_gather_into_tensor(sizes, own, group=group.pg)
     return sizes

@@ -91,7 +91,8 @@ ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 OWN = {"own_count": True}
 # The transitions as two row ops (two_step.py): gather = reduce_scatter_v(attn-TP) +
 # all_gather_v(world), scatter = reduce_scatter_v(world) + all_gather_v(attn-TP). Last in the
-# registry: tune's ties go to the one-kernel algorithms.
+# registry: tune's ties go to the one-kernel algorithms. The gather takes own counts: its
+# all_gather_v step exchanges the chunk counts (in its kernel where that one can).
 TWO_STEP = Algorithm("two_step", None, composed=True)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
@@ -104,7 +105,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT, **OWN),
         Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN),
-        TWO_STEP), on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
+        replace(TWO_STEP, **OWN)), on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
     # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
     OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("fused", abi.GatherTokensAlgorithm.FUSED, **OWN),), on_world=True),

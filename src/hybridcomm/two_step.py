@@ -25,6 +25,11 @@ host sync, capturable), and the steps read them as device sizes, so a graph repl
 counts. A chunk holds at most ceil(rows / attn_tp) rows, so the intermediate is cut to that
 capacity before the all_gather_v: its result, and the message its selection sees, stay the
 transition's (not attn_tp times larger). Results have the transition's capacity rows.
+Own counts (a Counts holding this DP group's count on the device): the group's chunk sizes are
+cut from it on the device, and the all_gather_v step exchanges each rank's chunk count (in its
+kernel where the one chosen can, else just before it); every DP group's count, the sum of its
+chunks, lands in the Counts for the scatter. The attn-TP ranks of a group must pass the same
+count: the reduce_scatter_v's kernel finds differing chunk sizes (partial=True only).
 """
 
 from __future__ import annotations
@@ -41,15 +46,20 @@ class TwoStep:
 
     def gather_tokens(self, x: torch.Tensor, dp_sizes: Sizes, partial: bool) -> torch.Tensor:
         tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
-        if tp.size == 1:
+        if tp.size == 1:  # (own counts: the all_gather_v learns them, as the DP groups' counts)
             return subops.run(self.comm, "all_gather_v", "world", x, dp_sizes)
-        world = split_sizes(dp_sizes, tp.size)
-        mine = _member_chunks(world, dp.index, tp.size)
+        if dp_sizes.own is not None:
+            world, mine = _own_chunk_counts(dp_sizes, tp.size, tp.index, self.groups["world"].size)
+        else:
+            world = split_sizes(dp_sizes, tp.size)
+            mine = _member_chunks(world, dp.index, tp.size)
         if partial:
             chunk = subops.run(self.comm, "reduce_scatter_v", "attn_tp", x, mine)
         else:
             chunk = _own_chunk(x, mine, tp.index)
         out = subops.run(self.comm, "all_gather_v", "world", _chunk_capacity(chunk, x.shape[0], mine), world)
+        if dp_sizes.own is not None:  # every DP group's count: the sum of its ranks' chunks
+            dp_sizes.device.copy_(world.device.view(dp.size, tp.size).sum(1))
         return out[: result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)]
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes: Sizes) -> torch.Tensor:
@@ -61,6 +71,15 @@ class TwoStep:
         chunk = subops.run(self.comm, "reduce_scatter_v", "world", y, world)
         out = subops.run(self.comm, "all_gather_v", "attn_tp", _chunk_capacity(chunk, y.shape[0], mine), mine)
         return out[: result_rows(dp_sizes, dp.index, y.shape[0], gathered=False)]
+
+
+def _own_chunk_counts(dp_sizes: Sizes, tp: int, t: int, world: int) -> tuple[Sizes, Sizes]:
+    """Own-count mode (counts.py: this DP group's count alone, on the device): my group's chunk
+    sizes, cut from it on the device, and the world's chunk sizes as an own-count Sizes holding
+    my chunk's count, which the all_gather_v step exchanges (into a new tensor)."""
+    mine = split_sizes(Sizes(1, device=dp_sizes.own), tp)
+    learned = torch.empty(world, dtype=torch.int32, device=mine.device)
+    return Sizes(world, device=learned, own=mine[t: t + 1]), Sizes(tp, device=mine)
 
 
 def _member_chunks(world: list[int] | torch.Tensor, dp_index: int, tp: int) -> Sizes:
