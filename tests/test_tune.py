@@ -226,7 +226,7 @@ def test_a_file_that_is_not_json(tmp_path):
 
 # -- the committed tables -------------------------------------------------------------------
 PACKAGED_SOURCES = {"4xH200": ["results/4xH200/ops_4xH200.json", "results/4xH200/transitions_4xH200.json"],
-                    "2xH200": ["results/2xH200/ops_2xH200.json"]}
+                    "2xH200": ["results/2xH200/ops_2xH200.json", "results/2xH200/transitions_2xH200.json"]}
 
 
 def test_every_packaged_table_is_generated_from_the_committed_results(monkeypatch):
@@ -245,6 +245,14 @@ def test_the_built_in_table_is_the_packaged_4xH200_one_where_that_was_measured()
     measured = table_file.parse(doc, "4xH200.json")
     for op, rules in measured.items():
         assert algorithms.TABLE[op] == rules, f"{op}: algorithms.TABLE differs from tables/4xH200.json"
+
+
+@pytest.mark.parametrize("ranks, gpu, expected", [(2, "NVIDIA H200", "2xH200"), (4, "NVIDIA H200", "4xH200"),
+                                                   (8, "NVIDIA H200", None), (2, "NVIDIA H100 80GB HBM3", None),
+                                                   (2, "", None)])
+def test_a_machine_gets_the_table_measured_on_its_shape(ranks, gpu, expected):
+    """Communicator's default on CUDA: the packaged table named after GPUs per node and GPU."""
+    assert table_file.for_machine(ranks, gpu) == expected
 
 
 def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):

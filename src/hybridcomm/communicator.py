@@ -10,7 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import algorithms, selection
+from . import algorithms, selection, table_file
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
@@ -55,7 +55,9 @@ class Communicator:
         "reference", "nccl", "nccl_symm", "nvlink" (nvlink still falls back to NCCL where it
         cannot run; nccl_symm, a benchmark baseline: backends/nccl_symm.py).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
-    table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
+    table: the selection table (default: on CUDA the packaged table of this machine shape,
+        "<GPUs per node>x<GPU>" such as "2xH200", where one exists, else algorithms.TABLE, which
+        is tables/4xH200.json's rules); tests and tuning pass others. A
         table keyed by node count (algorithms.TABLES) also sets the tables across nodes. A
         string or path: a name of algorithms.NAMED_TABLES, a packaged table ("4xH200") or a
         `hybridcomm tune` file (table_file.py).
@@ -86,6 +88,9 @@ class Communicator:
         self.backends = {"reference": ReferenceBackend(self.groups, self.device, headers=not self.validate),
                          "hierarchical": HierarchicalBackend(self)}
         self.forced = None if backend == "auto" else backend
+        if table is None and self.device.type == "cuda":  # the table measured on this machine shape, if packaged
+            table = table_file.for_machine(layout.ranks_per_node or layout.world_size,
+                                           torch.cuda.get_device_name(self.device))
         self.tables = algorithms.node_tables(table)
         self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)

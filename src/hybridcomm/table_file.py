@@ -40,6 +40,19 @@ def packaged() -> list[str]:
     return sorted(p.stem for p in TABLES_DIR.glob("*.json"))
 
 
+def machine_name(ranks_in_node: int, gpu_name: str) -> str:
+    """The packaged table's name for a node of `ranks_in_node` GPUs called `gpu_name`
+    (torch.cuda.get_device_name: "NVIDIA H200" -> "4xH200")."""
+    return f"{ranks_in_node}x{gpu_name.split()[-1]}" if gpu_name.strip() else ""
+
+
+def for_machine(ranks_in_node: int, gpu_name: str) -> str | None:
+    """The packaged table measured on this machine shape, if there is one: thresholds depend on
+    how many GPUs share the node (on 2 GPUs a one-shot moves no more bytes than a two-step)."""
+    name = machine_name(ranks_in_node, gpu_name)
+    return name if name in packaged() else None
+
+
 def path_of(source: str | Path) -> Path:
     """A packaged table's name or a path -> the file (TableFileError if neither exists)."""
     if isinstance(source, str) and source in packaged():
