@@ -16,7 +16,11 @@ The check comes last, after the shard is freed: the whole single-device model (o
 group, on its attn-TP rank 0) must fit on one GPU (hf/memory.py picks DeepSeek-V3's layers
 so). Every sequence counts for the top-1 agreement; the logits of the first KEEP sequences
 per DP group and point give the relative error (keeping all of them costs GBs of host memory
-at 256 sequences and a 150k vocabulary).
+at 256 sequences and a 150k vocabulary). A 16-bit run's kept sequences are then also compared
+with the single-device model in fp32, beside the 16-bit single-device model's own error against
+it: the noise floor of 16-bit routing (hf/check.py), without which DeepSeek-V3's bf16 error
+against one device reads like a bug. It runs where the fp32 model fits one GPU (DeepSeek-V3:
+2 layers on an H200, 1 on an H100).
 """
 
 from __future__ import annotations
