@@ -14,16 +14,18 @@ from hybridcomm import hf  # noqa: E402
 from hybridcomm.hf import check, configs  # noqa: E402
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3"]
+# the tiny config of every family, and DeepSeek-V3 with every feature of the real one (hf/configs.py)
+CONFIGS = [f"{f}-tiny" for f in FAMILIES] + ["deepseek_v3-featured"]
 # (name, attn_tp, moe_tp): every kind of world-4 layout
 LAYOUTS = [("dp4", 1, 1), ("dp2xtp2", 2, 1), ("tp4", 4, 1), ("dp4,moe_tp2", 1, 2), ("dp2xtp2,moe_tp2", 2, 2)]
 SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: uneven, one group empty
 
 
-def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
+def _decode_against_reference(name: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
                               experts: str | None = None) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
-    config = configs.make(f"{family}-tiny")
+    config = configs.make(name)
     model = hf.from_config(config, comm, seed=7)
     if experts is not None:
         model.model.set_experts_implementation(experts)
@@ -35,30 +37,31 @@ def _decode_against_reference(family: str, attn_tp: int, moe_tp: int, device_cou
     return check.compare(hf.reference_model(config, seed=7), prompts, fed, logits)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[name for name, _, _ in LAYOUTS])
-def test_logits_match_single_process(pool, family, layout):
+def test_logits_match_single_process(pool, config, layout):
     _, attn_tp, moe_tp = layout
-    results = pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, timeout=300)
+    results = pool(4).run(_decode_against_reference, config, attn_tp, moe_tp, timeout=300)
     for rank, r in enumerate(results):
         assert r["max_rel_error"] < 1e-5, (rank, r)
         assert r["top1_agreement"] == 1.0, (rank, r)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[4]], ids=[LAYOUTS[0][0], LAYOUTS[4][0]])
-def test_graph_path_with_device_counts(pool, family, layout):
+def test_graph_path_with_device_counts(pool, config, layout):
     """The CUDA-graph step's code (bucket-sized static buffers, filler rows, counts in an int32
     tensor, capacity-sized transitions), run eagerly on CPU."""
     _, attn_tp, moe_tp = layout
-    for r in pool(4).run(_decode_against_reference, family, attn_tp, moe_tp, True, timeout=300):
+    for r in pool(4).run(_decode_against_reference, config, attn_tp, moe_tp, True, timeout=300):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
 
 
 def test_batched_mm_experts(pool):
     """batched_mm, what GPU runs use for dtypes other than bf16, skips the routes of experts a
     rank does not own."""
-    for r in pool(4).run(_decode_against_reference, "deepseek_v3", 2, 2, True, "batched_mm", timeout=300):
+    for r in pool(4).run(_decode_against_reference, "deepseek_v3-featured", 2, 2, True, "batched_mm",
+                         timeout=300):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
 
 
@@ -158,10 +161,27 @@ def test_bench_model_on_cpu(pool):
     for run in runs:
         row, skipped = run["backends"]
         assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
-        assert row["step_us"] > 0 and row["comm_us"] > 0
+        assert row["step_us"] > 0 and row["comm_us"] > 0 and "vs_fp32" not in row  # fp32: no noise floor
         assert "needs CUDA" in skipped["skipped"] and skipped["backend"] == "nccl-symm"
     table = format_model_table(outs[0])
     assert "reference" in table and "skipped: nccl_symm needs CUDA" in table and "PASS" in verdict(outs[0])
+
+
+def test_bench_model_bf16_beside_its_noise_floor(pool):
+    """A 16-bit run is also compared with the single-device model in fp32, beside the 16-bit
+    single-device model's own error against it (the noise floor): both really round (errors
+    above fp32's), ours is a faithful bf16 computation (median error near the floor's), and the
+    table and verdict carry both; fp32 runs have no such comparison."""
+    from hybridcomm.bench.model import format_model_table, run_model_bench, verdict
+
+    outs = pool(4).run(run_model_bench, "deepseek_v3-featured", None, "dp4", None, [[2, 1, 0, 2]], ["reference"],
+                       2, "bfloat16", True, 0, timeout=300)
+    row = outs[0]["results"][0]["backends"][0]
+    ours, floor = row["vs_fp32"]["ours"], row["vs_fp32"]["single_device"]
+    for side in (ours, floor):
+        assert 1e-4 < side["median_rel_error"] <= side["max_rel_error"] < 1, row
+    assert ours["median_rel_error"] < 3 * floor["median_rel_error"], row
+    assert "fp32: ours" in format_model_table(outs[0]) and "noise floor" in verdict(outs[0])
 
 
 def test_bench_model_token_items():

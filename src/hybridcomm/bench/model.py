@@ -16,7 +16,11 @@ The check comes last, after the shard is freed: the whole single-device model (o
 group, on its attn-TP rank 0) must fit on one GPU (hf/memory.py picks DeepSeek-V3's layers
 so). Every sequence counts for the top-1 agreement; the logits of the first KEEP sequences
 per DP group and point give the relative error (keeping all of them costs GBs of host memory
-at 256 sequences and a 150k vocabulary).
+at 256 sequences and a 150k vocabulary). A 16-bit run's kept sequences are then also compared
+with the single-device model in fp32, beside the 16-bit single-device model's own error against
+it: the noise floor of 16-bit routing (hf/check.py), without which DeepSeek-V3's bf16 error
+against one device reads like a bug. It runs where the fp32 model fits one GPU (DeepSeek-V3:
+2 layers on an H200, 1 on an H100).
 """
 
 from __future__ import annotations
@@ -248,29 +252,79 @@ def _release_registered(comms: dict, device) -> None:
 
 def _check(config, seed, device, dtype, runs, outputs, coords) -> None:
     """Errors of every backend at every point against the single-device model; one reference
-    per DP group (on its attn-TP rank 0), max over ranks."""
+    per DP group (on its attn-TP rank 0), max over ranks. 16-bit runs are also compared with the
+    single-device model in fp32, beside that 16-bit model's own error against it (the noise
+    floor, hf/check.py), where the fp32 model fits one device."""
     from .. import hf
     from ..hf import check
 
-    stats = []
-    reference = hf.reference_model(config, device=device, dtype=dtype, seed=seed) if coords.attn_tp_rank == 0 else None
-    for run, (prompts, kept) in zip(runs, outputs):
-        for row in run["backends"]:
-            if "skipped" in row:
-                continue
-            if reference is not None:
-                fed, logits, top1 = kept[row["backend"]]
-                r = check.compare(reference, prompts, fed, logits, top1)
-                stats += [r["max_rel_error"], -r["top1_agreement"]]
-            else:
-                stats += [0.0, -1.0]
+    holder = coords.attn_tp_rank == 0
+    rows = [(outputs[i][0], outputs[i][1][row["backend"]], row)  # (prompts, (fed, logits, top-1), row)
+            for i, run in enumerate(runs) for row in run["backends"] if "skipped" not in row]
+    floor = _floor_note(config, device) if dtype != torch.float32 else None
+    to_fp32 = dtype != torch.float32 and floor is None
+    stats, singles = [], []
+    reference = hf.reference_model(config, device=device, dtype=dtype, seed=seed) if holder else None
+    for prompts, (fed, logits, top1), _ in rows:
+        if reference is None:
+            stats += _NEUTRAL
+            continue
+        stats += _stats(check.compare(reference, prompts, fed, logits, top1))
+        if to_fp32:  # the 16-bit single-device logits of the kept sequences, for the floor
+            k = _kept(logits)
+            singles.append(list(check.reference_logits(reference, prompts[:k], fed[:k])))
     del reference
     _free(device)
+    if to_fp32:
+        reference32 = check.fp32_reference(config, device, seed) if holder else None
+        for i, (prompts, (fed, logits, _), _) in enumerate(rows):
+            if reference32 is None:
+                stats += _NEUTRAL * 2
+                continue
+            k = _kept(logits)
+            r = check.against_fp32(reference32, prompts[:k], fed[:k], logits[:k], singles[i])
+            stats += _stats(r["ours"]) + _stats(r["single_device"])
+        del reference32
+        _free(device)
     worst = iter(max_over_ranks(stats))
-    for run in runs:
-        for row in run["backends"]:
-            if "skipped" not in row:
-                row["max_rel_error"], row["top1_agreement"] = next(worst), -next(worst)
+    for *_, row in rows:
+        row.update(_unstats(worst))
+    for *_, row in rows:
+        if to_fp32:
+            row["vs_fp32"] = {side: _unstats(worst) for side in ("ours", "single_device")}
+        elif floor is not None:
+            row["vs_fp32"] = {"skipped": floor}
+
+
+# a compare_logits dict as values to take the max of over ranks (top-1 negated: its worst is its min)
+_NEUTRAL = [0.0, -1.0, 0.0]  # what a rank without a reference contributes
+
+
+def _stats(errors: dict) -> list[float]:
+    return [errors["max_rel_error"], -errors["top1_agreement"], errors["median_rel_error"]]
+
+
+def _unstats(worst) -> dict:
+    return {"max_rel_error": next(worst), "top1_agreement": -next(worst), "median_rel_error": next(worst)}
+
+
+def _kept(logits) -> int:
+    """How many leading sequences kept their logits (the relative error's)."""
+    return sum(t is not None for t in logits)
+
+
+def _floor_note(config, device) -> str | None:
+    """Why a 16-bit run is not compared with the fp32 single-device model (the same answer on
+    every rank), or None."""
+    from ..hf import memory
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if not memory.fits(config, torch.float32, total):
+            need = memory.parameter_bytes(config, torch.float32) / 2**30
+            return (f"the fp32 single-device model ({need:.0f} GiB) does not fit one GPU: fewer --layers "
+                    f"give the noise floor")
+    return None
 
 
 def bench_model(configs, layouts, tokens_list, world_size: int, device: str, backends, steps: int,
@@ -317,8 +371,10 @@ def _baseline_us(rows) -> float | None:
 
 
 def format_model_table(results: dict) -> str:
+    fp32 = any("ours" in b.get("vs_fp32", {}) for run in results["results"] for b in run["backends"])
     header = (f"{'config':<16} {'layout':<16} {'tokens/dp':>10} {'backend':>11} {'step us':>10} {'speed-up':>9} "
-              f"{'tokens/s':>10} {'comm %':>7} {'max rel err':>12} {'top-1':>6}")
+              f"{'tokens/s':>10} {'comm %':>7} {'max rel err':>12} {'top-1':>6}"
+              + (f" {'fp32: ours':>12} {'1 device':>12}" if fp32 else ""))
     lines = [header, "-" * len(header)]
     for run in results["results"]:
         base = _baseline_us(run["backends"])
@@ -331,13 +387,27 @@ def format_model_table(results: dict) -> str:
             share = 100 * b["comm_us"] / b["step_us"]
             lines.append(lead + f"{b['step_us']:>10.1f} {base / b['step_us']:>8.2f}x {b['tokens_per_s']:>10.1f} "
                          f"{share:>7.1f} {b.get('max_rel_error', float('nan')):>12.3g} "
-                         f"{b.get('top1_agreement', float('nan')):>6.3f}")
+                         f"{b.get('top1_agreement', float('nan')):>6.3f}" + (_fp32_columns(b) if fp32 else ""))
     notes = {f"{b['backend']}: {b['note']}" for run in results["results"] for b in run["backends"] if "note" in b}
     lines += sorted(notes)
     lines += [f"FAILED {f['config']} {f['layout']}: {f['error'].splitlines()[0]}" for f in results.get("failed", [])]
     lines.append("speed-up: the best NCCL path's step time (nccl or nccl-symm) over the row's; comm %: the "
                  "step's transitions timed alone over the step")
+    lines += sorted({f"not compared with fp32: {b['vs_fp32']['skipped']}" for run in results["results"]
+                     for b in run["backends"] if "skipped" in b.get("vs_fp32", {})})
+    if fp32:
+        lines.append(FP32_NOTE)
     return "\n".join(lines)
+
+
+FP32_NOTE = ("fp32: ours / 1 device: max rel err/top-1 of this run and of the single-device model in the same "
+             "dtype, both against the single-device model in fp32 on the kept sequences: the second is the noise "
+             "floor (hf/check.py); agreement is ours near it")
+
+
+def _fp32_columns(row) -> str:
+    cells = [row.get("vs_fp32", {}).get(side) for side in ("ours", "single_device")]
+    return "".join(f" {c['max_rel_error']:>7.3g}/{c['top1_agreement']:.2f}" if c else f" {'':>12}" for c in cells)
 
 
 FP32_TOLERANCE = 1e-5  # relative, against the single-device model
@@ -355,4 +425,15 @@ def verdict(results: dict) -> str:
         ok = worst < FP32_TOLERANCE and top1 == 1.0
         return (f"check against the single-device model: {'PASS' if ok else 'FAIL'} (max relative error "
                 f"{worst:.2e}, tolerance {FP32_TOLERANCE:g}; top-1 agreement {top1:.3f})")
-    return f"check against the single-device model: max relative error {worst:.3g}, top-1 agreement {top1:.3f}"
+    line = f"check against the single-device model: max relative error {worst:.3g}, top-1 agreement {top1:.3f}"
+    floors = [b["vs_fp32"] for _, b in runs if "ours" in b.get("vs_fp32", {})]
+    if floors:
+        ours, single = ([f[side] for f in floors] for side in ("ours", "single_device"))
+        line += (f"; against fp32: ours {_span(ours)}, the single-device model in the same dtype (noise floor) "
+                 f"{_span(single)}")
+    return line
+
+
+def _span(errors: list[dict]) -> str:
+    return (f"max rel err {max(e['max_rel_error'] for e in errors):.3g} (median {max(e['median_rel_error'] for e in errors):.2g}), "
+            f"top-1 {min(e['top1_agreement'] for e in errors):.3f}")

@@ -38,3 +38,8 @@ def fit_layers(name: str, device_bytes: int, dtype: torch.dtype, reserve: int = 
         raise ValueError(f"{name}: one layer ({per_layer / 2**30:.1f} GiB) plus the rest of the model "
                          f"({fixed / 2**30:.1f} GiB) does not fit in {device_bytes / 2**30:.1f} GiB")
     return int(layers)
+
+
+def fits(config, dtype: torch.dtype, device_bytes: int, reserve: int = RESERVE_BYTES) -> bool:
+    """Whether the whole model of `config` (plus `reserve`) fits in `device_bytes`."""
+    return parameter_bytes(config, dtype) + reserve <= device_bytes
