@@ -91,13 +91,17 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # the backend) NCCL runs it at any size. Caveats: our NCCL backend quantizes with the torch
     # reference quantizer (many small kernels) -- the two all-gathers alone (nccl_ag_only) took
     # 93.6 us at that 28 MiB point -- and from ~1024 tokens/rank our LL kernel moves fp8 no faster
-    # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us).
+    # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us). The same kernel on the Lamport
+    # protocol (quant_lamport, csrc/lamport_quant_gather.cu: half the LL bytes, no flags) replaces
+    # it at every size -- a guess from the bf16 ops (Lamport beat LL there from 2 KB), not yet
+    # measured; bench quant times both (hc_quant, hc_quant_lamport). Where the workspace is too
+    # small (the backend's capacity check) NCCL runs it, as before.
     "all_gather_v_quant": (
-        Rule(32 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(32 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     # Message = the world-partial input (all tokens).
@@ -225,5 +229,6 @@ NAMED_TABLES = {
     "two_shot": forced(ops.algorithms_where(lambda a: a.name == "two_shot")),
     "bulk": forced(ops.algorithms_where(lambda a: a.protocol is ops.BULK)),
     "lamport": forced(ops.algorithms_where(lambda a: a.protocol is ops.LAMPORT)),
+    "quant_ll": forced(ops.algorithms_where(lambda a: a.name == "quant")),  # the quantized gathers on LL
     "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }
