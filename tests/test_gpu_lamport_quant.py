@@ -16,89 +16,57 @@ import random
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import needs_gpus
 from test_gpu_lamport import mismatch
+from test_gpu_quant import _run, _world, model_qcases
 from hybridcomm import Layout
-from hybridcomm.check import Case, communicator, digest, expected, member_input
+from hybridcomm.check import Case, communicator, digest, expected, member_input, replay_sizes
 from hybridcomm.quant import FORMATS
-from hybridcomm.quant.check import (QuantCase, check_quant_cases, compare_quantized, oracle, poison, quant_cases,
-                                    quant_replay_check, trim)
+from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, poison, quant_cases, quant_replay_check, trim
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 TABLES = {"quant_lamport": "lamport", "quant": "quant_ll"}  # algorithm -> the named table forcing it
 
 
-def _world() -> int:
-    return 4 if gpu_count() >= 4 else 2
+def _layouts() -> list[Layout]:
+    """The world's layouts with distinct attention axes (the MoE axes do not touch these ops)."""
+    first: dict = {}
+    for lay in Layout.all_for_world(_world()):
+        first.setdefault((lay.attn_dp, lay.attn_tp), lay)
+    return list(first.values())
 
 
-def _checked_with(qcases, table):
-    """Worker: check_quant_cases on poisoned outputs, plus the algorithm each case ran."""
-    import hybridcomm.kernels as kernels
-
-    kernels.poison_outputs = True
-    results, ran = [], []
-    for q in qcases:
-        results += check_quant_cases([q], "auto", table, exact="own_norm")
-        choice = communicator(q.case.layout, "auto", table).last_choice
-        ran.append(f"{choice.backend}/{choice.algorithm}")
-    return results, ran
-
-
-def _members(q: QuantCase) -> int:
-    return len(q.case.layout.group_ranks("world" if q.case.op == "gather_tokens" else q.case.group, 0))
-
-
-def _run(pool, qcases, algorithm):
-    world = _world()
-    per_rank = pool(world, "cuda").run(_checked_with, qcases, TABLES[algorithm], timeout=600)
-    failures = [f"rank {r}: {q.describe()}: {d}" for r, (res, _) in enumerate(per_rank)
-                for q, (d, _) in zip(qcases, res) if d]
-    failures += [f"rank {r}: {q.describe()}: ran {a}" for r, (_, ran) in enumerate(per_rank)
-                 for q, a in zip(qcases, ran) if a != f"nvlink/{algorithm}" and _members(q) > 1]
-    for i, q in enumerate(qcases):  # a gather's result is the same bits on every member
-        lay = q.case.layout
-        group = "world" if q.case.op == "gather_tokens" else q.case.group
-        for members in {lay.group_ranks(group, r) for r in range(world)}:
-            if len({per_rank[r][0][i][1] for r in members}) > 1:
-                failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
-    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+def _run_forced(pool, qcases, algorithm):
+    _run(pool, qcases, table=TABLES[algorithm], algorithm=algorithm)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("algorithm", list(TABLES))
 def test_every_format_dtype_and_layout_bit_equal_to_the_quantized_reference(pool, algorithm):
-    qcases = [q for i, lay in enumerate(Layout.all_for_world(_world()))
+    qcases = [q for i, lay in enumerate(_layouts())
               for q in quant_cases(lay, dtypes=("bfloat16", "float32", "float16"), seed=300 + i)]
-    _run(pool, qcases, algorithm)
+    _run_forced(pool, qcases, algorithm)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("algorithm", list(TABLES))
 def test_negative_rows_carry_the_sentinel_word_through_the_swap(pool, algorithm):
     """Every other row -3.0: nvfp4 codes 0xF throughout, i.e. data words 0xFFFFFFFF."""
-    qcases = [q for i, lay in enumerate(Layout.all_for_world(_world()))
+    qcases = [q for i, lay in enumerate(_layouts())
               for q in quant_cases(lay, device_sizes=(False,), seed=400 + i, data="negative")]
-    _run(pool, qcases, algorithm)
+    _run_forced(pool, qcases, algorithm)
 
 
 @pytest.mark.timeout(900)
-def test_model_hidden_sizes_and_many_rows(pool):
+def test_model_hidden_size_and_rows_ending_in_half_a_unit(pool):
+    """hidden 7168 (test_gpu_quant.py's cases), and hidden 48: nvfp4 data of 24 bytes ends in half
+    a 16-byte unit, its 3 scale bytes in a unit of padding."""
     world = _world()
-    qcases = []
-    for lay in (Layout(world), Layout(world, attn_tp=2)):
-        for fmt in FORMATS:
-            for sizes in [(130,) * lay.attn_dp, tuple([0] + [77] * (lay.attn_dp - 1)), (1,) * lay.attn_dp]:
-                for fused in (False, True):
-                    case = Case("gather_tokens", lay, sizes, row_shape=(7168,), dtype="bfloat16", data="randn",
-                                fused=fused, seed=len(qcases))
-                    qcases.append(QuantCase(case, fmt, scale_tensor=True))
-            # hidden 16 x 3: nvfp4 data of 24 bytes ends in half a unit
-            qcases.append(QuantCase(Case("all_gather_v", lay, (40, 0) + (3,) * (world - 2), row_shape=(48,),
-                                         dtype="float16", data="randn", seed=len(qcases)), fmt))
-    _run(pool, [q for q in qcases if q.case.row_shape[0] % FORMATS[q.quant].block_of(q.case.row_shape[0]) == 0],
-         "quant_lamport")
+    small = [QuantCase(Case("all_gather_v", lay, (40, 0) + (3,) * (world - 2), row_shape=(48,), dtype="float16",
+                            data="negative", seed=i), fmt)
+             for i, lay in enumerate((Layout(world), Layout(world, attn_tp=2))) for fmt in ("fp8", "nvfp4")]
+    _run_forced(pool, model_qcases(7168) + small, "quant_lamport")
 
 
 REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("gather_tokens", True, True),
@@ -169,11 +137,7 @@ def _interleaved(layout, replays: int, capacity: int, seed: int) -> dict:
     rng = random.Random(seed)
     failures, digests = [], []
     for it in range(replays):
-        counts = {"group": [rng.randint(0, capacity) for _ in range(n)],
-                  "dp": [rng.randint(0, capacity) for _ in range(dp)]}
-        if it % 3 == 0:
-            counts["group"][rng.randrange(n)] = 0
-            counts["dp"][rng.randrange(dp)] = 0
+        counts = {"group": replay_sizes(rng, n, capacity, it), "dp": replay_sizes(rng, dp, capacity, it)}
         data = "negative" if it % 2 else "randn"
         cases = []
         for i, (kind, op, _, fmt) in enumerate(SEQUENCE):

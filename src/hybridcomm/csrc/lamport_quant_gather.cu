@@ -27,60 +27,34 @@ namespace hc {
 
 constexpr uint32_t kNvfp4WireStandIn = 0x88888888u;  // stands in for 0xFFFFFFFF on the wire
 
-__device__ __forceinline__ uint32_t swap_word(uint32_t w, uint32_t a, uint32_t b) { return w == a ? b : w; }
-
-// A data unit as it travels (nvfp4: the sentinel word replaced by its stand-in) and back.
+// A data unit as it travels (to_wire; nvfp4: the sentinel word replaced by its stand-in) or back.
 template <int F>
-__device__ __forceinline__ uint4 data_to_wire(uint4 v) {
+__device__ __forceinline__ uint4 wire_swap(uint4 v, bool to_wire) {
   if constexpr (F != kQuantNvfp4) return v;
-  const uint32_t s = kSentinelWord, r = kNvfp4WireStandIn;
-  return make_uint4(swap_word(v.x, s, r), swap_word(v.y, s, r), swap_word(v.z, s, r), swap_word(v.w, s, r));
-}
-
-template <int F>
-__device__ __forceinline__ uint4 data_from_wire(uint4 v) {
-  if constexpr (F != kQuantNvfp4) return v;
-  const uint32_t s = kSentinelWord, r = kNvfp4WireStandIn;
-  return make_uint4(swap_word(v.x, r, s), swap_word(v.y, r, s), swap_word(v.z, r, s), swap_word(v.w, r, s));
+  const uint32_t from = to_wire ? kSentinelWord : kNvfp4WireStandIn, to = to_wire ? kNvfp4WireStandIn : kSentinelWord;
+  return make_uint4(v.x == from ? to : v.x, v.y == from ? to : v.y, v.z == from ? to : v.z, v.w == from ? to : v.w);
 }
 
 // Where a quantized row goes, in 16-byte units: data units first, then scale units.
 struct WireUnits {
-  int64_t data_lanes, scale_bytes, data_units, wire_units, out_rows;
-  uint2* __restrict__ data;      // out_rows x data_lanes lanes
-  uint8_t* __restrict__ scales;  // out_rows x scale_bytes
+  QuantOut out;
+  int64_t data_units, wire_units;
 
   // Unit u of output row o into data / scales (pads dropped).
   __device__ __forceinline__ void store(int64_t o, int64_t u, uint4 v) const {
-    if (o >= out_rows) return;
-    if (u < data_units) {
-      const int64_t l = 2 * u;
-      data[o * data_lanes + l] = make_uint2(v.x, v.y);
-      if (l + 1 < data_lanes) data[o * data_lanes + l + 1] = make_uint2(v.z, v.w);
-      return;
-    }
-    const int64_t b = (u - data_units) * 16;
-    if (scale_bytes % 4 == 0) {  // every format but nvfp4 of hidden / 16 not a multiple of 4: words
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-      uint32_t* dst = reinterpret_cast<uint32_t*>(scales + o * scale_bytes + b);
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        if (b + 4 * k < scale_bytes) dst[k] = words[k];
-      return;
-    }
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < 16; ++k)
-      if (b + k < scale_bytes) scales[o * scale_bytes + b + k] = bytes[k];
+    if (o >= out.out_rows) return;
+    if (u >= data_units) return out.store_scales(o, (u - data_units) * 16, v);
+    const int64_t l = 2 * u;
+    out.data[o * out.data_lanes + l] = make_uint2(v.x, v.y);
+    if (l + 1 < out.data_lanes) out.data[o * out.data_lanes + l + 1] = make_uint2(v.z, v.w);
   }
 };
 
 template <int F>
 __host__ __device__ __forceinline__ WireUnits wire_units(int64_t hidden, void* data, void* scales, int64_t out_rows) {
-  const int64_t data_lanes = QuantRowShape<F>::data_lanes(hidden), scale_bytes = QuantRowShape<F>::scale_bytes(hidden);
-  const int64_t data_units = (data_lanes + 1) / 2;
-  return WireUnits{data_lanes, scale_bytes, data_units, data_units + (scale_bytes + 15) / 16, out_rows,
-                   (uint2*)data, (uint8_t*)scales};
+  const QuantOut out = quant_out<F>(hidden, data, scales, out_rows);
+  const int64_t data_units = (out.data_lanes + 1) / 2;
+  return WireUnits{out, data_units, data_units + (out.scale_bytes + 15) / 16};
 }
 
 // Area rows one source writes into one of my areas: its chunk of a DP group, at most this.
@@ -109,31 +83,15 @@ template <int F>
 __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, int64_t r,
                                                   const float* row, uint8_t* scale_bytes, float global_scale,
                                                   const WireUnits& w, float* warp_buf) {
-  __syncthreads();  // the staged row is complete
-  const Fp8Scale row_scale = row_fp8_scale<F>(row, w.data_lanes * 8, scale_bytes, warp_buf);
   const int64_t o = s.rc.offset[s.d] + r;
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
-  const auto put = [&](int64_t u, uint4 wire) {
-    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
-  };
-  const int64_t warp_units = (w.data_units + 31) / 32 * 32;  // whole warps (see quantize_lanes)
-  for (int64_t u = threadIdx.x; u < warp_units; u += blockDim.x) {
-    uint2 v[2];
-    quantize_lanes<F, 2>(row, 2 * u, w.data_lanes, global_scale, row_scale, scale_bytes, v);
-    if (u >= w.data_units) continue;
-    const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
-    w.store(o, u, unit);
-    put(u, data_to_wire<F>(unit));
-  }
-  __syncthreads();  // the staged scale bytes are complete
-  for (int64_t u = w.data_units + threadIdx.x; u < w.wire_units; u += blockDim.x) {
-    const int64_t l = 2 * (u - w.data_units);
-    const uint2 a = scale_lane(scale_bytes, l, w.scale_bytes), b = scale_lane(scale_bytes, l + 1, w.scale_bytes);
-    const uint4 unit = make_uint4(a.x, a.y, b.x, b.y);
-    w.store(o, u, unit);
-    put(u, unit);
-  }
-  __syncthreads();  // the staged row is reused by the next row
+  quantize_row<F, 2>(row, scale_bytes, w.out.data_lanes, w.out.scale_bytes, global_scale, warp_buf,
+                     [&](int64_t u, const uint2(&v)[2]) {
+                       const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
+                       w.store(o, u, unit);
+                       const uint4 wire = u < w.data_units ? wire_swap<F>(unit, true) : unit;
+                       lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
+                     });
 }
 
 template <typename T, int F>
@@ -155,32 +113,18 @@ __global__ void __launch_bounds__(kThreads)
   // high byte (row bytes are below 2^16).
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
                                  (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
-  const int64_t rows = s.rc.count(s.d);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-
-  if (reduce) send_partial_lanes(lc.cx, s, fused, in, io.in_lanes());
-  int64_t first, last;
-  staged_rows(s, fused, first, last);
-  for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
-    stage_row<T>(lc.cx, s, reduce, r, in, residual, weight, residual_out, eps, io, row, warp_buf);
-    if (chunk_owner(r, rows, tp) == s.t) {  // uniform over the block
-      put_quantized_row<F>(lc, s, r, row, scale_bytes, global_scale, w, warp_buf);
-    }
-  }
+  stage_my_rows<T>(lc.cx, s, reduce, fused, in, residual, weight, residual_out, eps, io, row, warp_buf,
+                   [&](int64_t r) { put_quantized_row<F>(lc, s, r, row, scale_bytes, global_scale, w, warp_buf); });
   refill_previous_slot(lc);
-  // Phase 1: the rows other ranks own.
-  const int64_t total = s.rc.offset[s.dp] * w.wire_units;
-  for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
-    const int64_t o = x / w.wire_units, u = x % w.wire_units;
-    const int d = group_of_row(s, o);
-    const int64_t j = o - s.rc.offset[d];
-    const int owner = owner_of(s, d, j);
-    if (owner == g.me) continue;
-    const int64_t i = (j - chunk_begin(s.rc.count(d), owner % tp, tp)) * w.wire_units + u;
+  // Phase 1: the units of the rows other ranks own.
+  for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t j) {
+    // The owner's area rows start at its chunk's first row (tp rank owner % tp of DP group owner / tp).
+    const int64_t i = (j - chunk_begin(s.rc.count(owner / tp), owner % tp, tp)) * w.wire_units + u;
     uint4 data[kMaxRanks];
     wait_units(lc, 1, owner, i, [](int) { return true; }, data);
-    w.store(o, u, u < w.data_units ? data_from_wire<F>(data[0]) : data[0]);
-  }
+    w.store(o, u, u < w.data_units ? wire_swap<F>(data[0], false) : data[0]);
+  });
   end_lamport_call(lc, area_rows(s.rc, tp) * w.wire_units);
 }
 

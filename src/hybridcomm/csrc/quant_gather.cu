@@ -17,29 +17,21 @@ namespace hc {
 
 // Where a quantized row goes: 8-byte wire lanes, data first, then the scale bytes.
 struct WireRows {
-  int64_t data_lanes, scale_bytes, wire_lanes, out_rows;
-  uint2* __restrict__ data;        // out_rows x data_lanes lanes
-  uint8_t* __restrict__ scales;    // out_rows x scale_bytes
+  QuantOut out;
+  int64_t wire_lanes;
 
   // Wire lane l of output row o into data / scales.
   __device__ __forceinline__ void store(int64_t o, int64_t l, uint2 v) const {
-    if (o >= out_rows) return;
-    if (l < data_lanes) {
-      data[o * data_lanes + l] = v;
-      return;
-    }
-    const int64_t b = (l - data_lanes) * 8;
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (b + k < scale_bytes) scales[o * scale_bytes + b + k] = bytes[k];
+    if (o >= out.out_rows) return;
+    if (l < out.data_lanes) out.data[o * out.data_lanes + l] = v;
+    else out.store_scales(o, (l - out.data_lanes) * 8, v);
   }
 };
 
 template <int F>
 __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* data, void* scales, int64_t out_rows) {
-  const int64_t data_lanes = QuantRowShape<F>::data_lanes(hidden), scale_bytes = QuantRowShape<F>::scale_bytes(hidden);
-  return WireRows{data_lanes, scale_bytes, data_lanes + (scale_bytes + 7) / 8, out_rows, (uint2*)data, (uint8_t*)scales};
+  const QuantOut out = quant_out<F>(hidden, data, scales, out_rows);
+  return WireRows{out, out.data_lanes + (out.scale_bytes + 7) / 8};
 }
 
 // The staged row r quantized: into my output and to every other rank (area 1, at the row's
@@ -48,24 +40,12 @@ template <int F>
 __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, int64_t r,
                                                    const float* row, uint8_t* scale_bytes, float global_scale,
                                                    const WireRows& w, float* warp_buf) {
-  __syncthreads();  // the staged row is complete
-  const Fp8Scale row_scale = row_fp8_scale<F>(row, w.data_lanes * 8, scale_bytes, warp_buf);
   const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;
-  const int64_t warp_lanes = (w.data_lanes + 31) / 32 * 32;  // whole warps (see quantize_lanes)
-  for (int64_t l = threadIdx.x; l < warp_lanes; l += blockDim.x) {
-    uint2 v[1];
-    quantize_lanes<F, 1>(row, l, w.data_lanes, global_scale, row_scale, scale_bytes, v);
-    if (l >= w.data_lanes) continue;
-    w.store(o, l, v[0]);
-    push_to_peers(cx, cx.everyone(), 1, base + l, v[0]);
-  }
-  __syncthreads();  // the staged scale bytes are complete
-  for (int64_t l = w.data_lanes + threadIdx.x; l < w.wire_lanes; l += blockDim.x) {
-    const uint2 v = scale_lane(scale_bytes, l - w.data_lanes, w.scale_bytes);
-    w.store(o, l, v);
-    push_to_peers(cx, cx.everyone(), 1, base + l, v);
-  }
-  __syncthreads();  // the staged row is reused by the next row
+  quantize_row<F, 1>(row, scale_bytes, w.out.data_lanes, w.out.scale_bytes, global_scale, warp_buf,
+                     [&](int64_t l, const uint2(&v)[1]) {
+                       w.store(o, l, v[0]);
+                       push_to_peers(cx, cx.everyone(), 1, base + l, v[0]);
+                     });
 }
 
 template <typename T, int F>
@@ -90,27 +70,14 @@ __global__ void __launch_bounds__(kThreads)
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
-  const int64_t rows = s.rc.count(s.d);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-
-  if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
-  int64_t first, last;
-  staged_rows(s, fused, first, last);
-  for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
-    stage_row<T>(cx, s, reduce, r, in, residual, weight, residual_out, eps, io, row, warp_buf);
-    if (chunk_owner(r, rows, tp) == s.t) {  // uniform over the block
-      push_quantized_row<F>(cx, s, r, row, scale_bytes, global_scale, w, warp_buf);
-    }
-  }
+  stage_my_rows<T>(cx, s, reduce, fused, in, residual, weight, residual_out, eps, io, row, warp_buf, [&](int64_t r) {
+    push_quantized_row<F>(cx, s, r, row, scale_bytes, global_scale, w, warp_buf);
+  });
   // Phase 1: the rows other ranks own.
-  const int64_t total = s.rc.offset[s.dp] * w.wire_lanes;
-  for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
-    const int64_t o = x / w.wire_lanes, l = x % w.wire_lanes;
-    const int d = group_of_row(s, o);
-    const int64_t j = o - s.rc.offset[d];
-    const int owner = owner_of(s, d, j);
-    if (owner != g.me) w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
-  }
+  for_each_foreign_item(s, g.me, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j) {
+    w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
+  });
   end_call(cx);
 }
 

@@ -14,16 +14,37 @@
 
 namespace hc {
 
-// A quantized row's bytes: data (8-byte lanes), then the scale bytes.
-template <int F>
-struct QuantRowShape {
-  static __host__ __device__ __forceinline__ int64_t data_lanes(int64_t hidden) {
-    return hidden / QuantTraits<F>::kPerLane;
-  }
-  static __host__ __device__ __forceinline__ int64_t scale_bytes(int64_t hidden) {
-    return (QuantTraits<F>::kBlock ? hidden / QuantTraits<F>::kBlock : 1) * QuantTraits<F>::kScaleBytes;
+// Where quantized rows land: out_rows rows of data (8-byte lanes) and of scale bytes. Both
+// kernels' wire rows are the data lanes, then the scale bytes, padded.
+struct QuantOut {
+  int64_t data_lanes, scale_bytes, out_rows;
+  uint2* __restrict__ data;      // out_rows x data_lanes lanes
+  uint8_t* __restrict__ scales;  // out_rows x scale_bytes
+
+  // Scale bytes [b, b + N) of row o (< out_rows) from v's bytes; those past the row's are padding.
+  template <typename V>
+  __device__ __forceinline__ void store_scales(int64_t o, int64_t b, const V& v) const {
+    constexpr int N = (int)sizeof(V);
+    if (scale_bytes % 4 == 0) {  // all but nvfp4 rows of hidden / 16 not a multiple of 4: words
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(&v);
+      uint32_t* dst = reinterpret_cast<uint32_t*>(scales + o * scale_bytes + b);
+#pragma unroll
+      for (int k = 0; k < N / 4; ++k)
+        if (b + 4 * k < scale_bytes) dst[k] = words[k];
+      return;
+    }
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&v);
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (b + k < scale_bytes) scales[o * scale_bytes + b + k] = bytes[k];
   }
 };
+
+template <int F>
+__host__ __device__ __forceinline__ QuantOut quant_out(int64_t hidden, void* data, void* scales, int64_t out_rows) {
+  const int64_t scale_bytes = (QuantTraits<F>::kBlock ? hidden / QuantTraits<F>::kBlock : 1) * QuantTraits<F>::kScaleBytes;
+  return QuantOut{hidden / QuantTraits<F>::kPerLane, scale_bytes, out_rows, (uint2*)data, (uint8_t*)scales};
+}
 
 __device__ __forceinline__ int owner_of(const TokenShape& s, int d, int64_t j) {
   return d * s.tp + chunk_owner(j, s.rc.count(d), s.tp);
@@ -105,6 +126,33 @@ __device__ __forceinline__ uint2 scale_lane(const uint8_t* scale_bytes, int64_t 
   return v;
 }
 
+// The staged row (complete once every thread arrives here) quantized, K lanes an item: emit(i, v)
+// with v the item's K lanes, first the data items (i < ceil(data_lanes / K); data lanes K*i ..),
+// then the scale items (the staged scale bytes, 8K a item, zeros past nscale_bytes), numbered on
+// from the data items. The kernels' emit stores the item and sends it. Every thread calls this.
+template <int F, int K, typename Emit>
+__device__ __forceinline__ void quantize_row(const float* row, uint8_t* scale_bytes, int64_t data_lanes,
+                                             int64_t nscale_bytes, float global_scale, float* warp_buf, Emit emit) {
+  __syncthreads();  // the staged row is complete
+  const Fp8Scale row_scale = row_fp8_scale<F>(row, data_lanes * 8, scale_bytes, warp_buf);
+  const int64_t data_items = (data_lanes + K - 1) / K;
+  const int64_t warp_items = (data_items + 31) / 32 * 32;  // whole warps (see quantize_lanes)
+  for (int64_t i = threadIdx.x; i < warp_items; i += blockDim.x) {
+    uint2 v[K];
+    quantize_lanes<F, K>(row, K * i, data_lanes, global_scale, row_scale, scale_bytes, v);
+    if (i < data_items) emit(i, v);
+  }
+  __syncthreads();  // the staged scale bytes are complete
+  const int64_t scale_items = (nscale_bytes + 8 * K - 1) / (8 * K);
+  for (int64_t i = threadIdx.x; i < scale_items; i += blockDim.x) {
+    uint2 v[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) v[k] = scale_lane(scale_bytes, K * i + k, nscale_bytes);
+    emit(data_items + i, v);
+  }
+  __syncthreads();  // the staged row is reused by the next row
+}
+
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
@@ -168,12 +216,35 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
   }
 }
 
-// The rows a rank stages, one block per row: every row of its group when fused (the residual
-// output), else its chunk; [first, last) of its group's rows.
-__device__ __forceinline__ void staged_rows(const TokenShape& s, bool fused, int64_t& first, int64_t& last) {
+// Phase 0 and the rows of both kernels: my partial lanes sent (reduce), then one block per row I
+// stage -- every row of my group when fused (the residual output), else my chunk -- and for the
+// rows I own, send(r) (called by the whole block) quantizes and sends the staged row.
+template <typename T, typename Send>
+__device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
+                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
+                                              const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
+                                              float eps, const RowsArg& io, float* row, float* warp_buf, Send send) {
+  if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
   const int64_t rows = s.rc.count(s.d);
-  first = fused ? 0 : chunk_begin(rows, s.t, s.tp);
-  last = fused ? rows : chunk_begin(rows, s.t + 1, s.tp);
+  const int64_t first = fused ? 0 : chunk_begin(rows, s.t, s.tp), last = fused ? rows : chunk_begin(rows, s.t + 1, s.tp);
+  for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
+    stage_row<T>(cx, s, reduce, r, in, residual, weight, residual_out, eps, io, row, warp_buf);
+    if (chunk_owner(r, rows, s.tp) == s.t) send(r);  // uniform over the block
+  }
+}
+
+// Phase 1 of both kernels, grid-strided: receive(o, k, owner, j) for item k (of `items` a row) of
+// every output row o that another rank owns (row j of its DP group).
+template <typename Receive>
+__device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, int64_t items, Receive receive) {
+  const int64_t total = s.rc.offset[s.dp] * items;
+  for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
+    const int64_t o = x / items, k = x % items;
+    const int d = group_of_row(s, o);
+    const int64_t j = o - s.rc.offset[d];
+    const int owner = owner_of(s, d, j);
+    if (owner != me) receive(o, k, owner, j);
+  }
 }
 
 // Fingerprint fields the quantized gathers add: the format and the fusion (peers must agree).
