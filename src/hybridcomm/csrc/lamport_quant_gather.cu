@@ -106,6 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float warp_buf[kThreads / 32];
 
   LamportCall lc = begin_lamport_call(g, l, op);
+  const uint2 early = early_lane(in, io, tp);
   const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
   const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
                                  (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  stage_my_rows<T>(lc.cx, s, reduce, fused, in, residual, weight, residual_out, eps, io, row, warp_buf,
+  stage_my_rows<T>(lc.cx, s, reduce, fused, in, early, residual, weight, residual_out, eps, io, row, warp_buf,
                    [&](int64_t r) { put_quantized_row<F>(lc, s, r, row, scale_bytes, global_scale, w, warp_buf); });
   refill_previous_slot(lc);
   // Phase 1: the units of the rows other ranks own.

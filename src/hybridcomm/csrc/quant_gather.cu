@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float warp_buf[kThreads / 32];
 
   CallCtx cx = begin_call(g, op);
+  const uint2 early = early_lane(in, io, tp);
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  stage_my_rows<T>(cx, s, reduce, fused, in, residual, weight, residual_out, eps, io, row, warp_buf, [&](int64_t r) {
+  stage_my_rows<T>(cx, s, reduce, fused, in, early, residual, weight, residual_out, eps, io, row, warp_buf, [&](int64_t r) {
     push_quantized_row<F>(cx, s, r, row, scale_bytes, global_scale, w, warp_buf);
   });
   // Phase 1: the rows other ranks own.

@@ -153,20 +153,30 @@ __device__ __forceinline__ void quantize_row(const float* row, uint8_t* scale_by
   __syncthreads();  // the staged row is reused by the next row
 }
 
+// This thread's first lane of its block's first row, loaded early: right after the PDL wait,
+// before the counts and arrive(), so its latency overlaps theirs (as rows.cuh EarlyInput). Only
+// where that row is known without the counts, tp == 1 (a block stages rows blockIdx.x,
+// blockIdx.x + gridDim.x, ...: stage_my_rows); elsewhere unused (zero).
+__device__ __forceinline__ uint2 early_lane(const uint2* __restrict__ in, const RowsArg& io, int tp) {
+  const int64_t i = (int64_t)blockIdx.x * io.row_lanes + threadIdx.x;
+  return tp == 1 && threadIdx.x < io.row_lanes && i < io.in_lanes() ? in[i] : make_uint2(0, 0);
+}
+
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
 template <typename T>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
-                                          const uint2* __restrict__ in, const uint2* __restrict__ residual,
+                                          const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
                                           const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                           float eps, const RowsArg& io, float* row, float* warp_buf) {
   constexpr int kN = Lane<T>::kN;
-  const bool in_bounds = r < io.in_rows, fused = weight != nullptr;
+  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = s.tp == 1 && r == blockIdx.x;
   float sumsq = 0.f;
   for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x) {
     const int64_t i = r * s.row_lanes + l;
-    const uint2 local = in_bounds ? in[i] : make_uint2(0, 0);
+    const bool first = early_row && l == threadIdx.x;  // its first lane came early (early_lane)
+    const uint2 local = first ? early : in_bounds ? in[i] : make_uint2(0, 0);
     float acc[4];
     if (reduce) sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, i, local, acc);
     else Lane<T>::unpack(local, acc);
@@ -221,14 +231,14 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
 // rows I own, send(r) (called by the whole block) quantizes and sends the staged row.
 template <typename T, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
-                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
+                                              const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                               float eps, const RowsArg& io, float* row, float* warp_buf, Send send) {
   if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
   const int64_t rows = s.rc.count(s.d);
   const int64_t first = fused ? 0 : chunk_begin(rows, s.t, s.tp), last = fused ? rows : chunk_begin(rows, s.t + 1, s.tp);
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
-    stage_row<T>(cx, s, reduce, r, in, residual, weight, residual_out, eps, io, row, warp_buf);
+    stage_row<T>(cx, s, reduce, r, in, early, residual, weight, residual_out, eps, io, row, warp_buf);
     if (chunk_owner(r, rows, s.tp) == s.t) send(r);  // uniform over the block
   }
 }
