@@ -45,7 +45,7 @@ for stage in $stages; do
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
            tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
-           tests/test_gpu_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_gpu_row_grids.py \
+           tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_gpu_row_grids.py \
            tests/test_hf_gpu.py tests/test_pdl.py tests/test_gpu_two_step.py \
            "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;

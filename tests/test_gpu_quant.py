@@ -22,22 +22,36 @@ def _world() -> int:
     return 4 if gpu_count() >= 4 else 2
 
 
-def _poisoned(qcases, backend, exact):
+def _poisoned(qcases, backend, exact, table="auto"):
+    """Worker: check_quant_cases on poisoned outputs, and per case the backend/algorithm that ran."""
     import hybridcomm.kernels as kernels
     kernels.poison_outputs = True
-    return check_quant_cases(qcases, backend, exact=exact)
+    results, ran = [], []
+    for q in qcases:
+        results += check_quant_cases([q], backend, table, exact)
+        choice = communicator(q.case.layout, backend, table).last_choice
+        ran.append(f"{choice.backend}/{choice.algorithm}" if choice else "")
+    return results, ran
 
 
-def _run(pool, qcases, backend="auto", exact="own_norm"):
+def _members(q: QuantCase) -> int:
+    return len(q.case.layout.group_ranks("world" if q.case.op == "gather_tokens" else q.case.group, 0))
+
+
+def _run(pool, qcases, backend="auto", exact="own_norm", table="auto", algorithm=None):
+    """algorithm: the nvlink algorithm every case of a group of several ranks must have run."""
     world = _world()
-    per_rank = pool(world, "cuda").run(_poisoned, qcases, backend, exact, timeout=600)
-    failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
+    per_rank = pool(world, "cuda").run(_poisoned, qcases, backend, exact, table, timeout=600)
+    failures = [f"rank {r}: {q.describe()}: {d}" for r, (res, _) in enumerate(per_rank)
                 for q, (d, _) in zip(qcases, res) if d]
+    if algorithm is not None:
+        failures += [f"rank {r}: {q.describe()}: ran {a}" for r, (_, ran) in enumerate(per_rank)
+                     for q, a in zip(qcases, ran) if a != f"nvlink/{algorithm}" and _members(q) > 1]
     for i, q in enumerate(qcases):
         lay = q.case.layout
         group = "world" if q.case.op == "gather_tokens" else q.case.group
         for members in {lay.group_ranks(group, r) for r in range(world)}:
-            if len({per_rank[r][i][1] for r in members}) > 1:
+            if len({per_rank[r][0][i][1] for r in members}) > 1:
                 failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 
@@ -49,9 +63,8 @@ def test_every_format_and_layout_bit_equal_to_the_quantized_reference(pool):
     _run(pool, qcases)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("hidden", [4096, 7168])
-def test_model_hidden_sizes_and_many_rows(pool, hidden):
+def model_qcases(hidden: int) -> list[QuantCase]:
+    """Model hidden sizes, many rows, an empty DP group; DP-only and attention TP 2."""
     world = _world()
     qcases = []
     for lay in (Layout(world), Layout(world, attn_tp=2)):
@@ -63,7 +76,13 @@ def test_model_hidden_sizes_and_many_rows(pool, hidden):
                     qcases.append(QuantCase(case, fmt, scale_tensor=True))
             qcases.append(QuantCase(Case("all_gather_v", lay, (40,) * world, row_shape=(hidden,), dtype="bfloat16",
                                          data="randn", seed=len(qcases)), fmt))
-    _run(pool, qcases)
+    return qcases
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("hidden", [4096, 7168])
+def test_model_hidden_sizes_and_many_rows(pool, hidden):
+    _run(pool, model_qcases(hidden))
 
 
 @pytest.mark.timeout(900)

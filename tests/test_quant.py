@@ -97,8 +97,9 @@ def test_bad_input_raises_value_error_on_every_rank(pool, kind):
 def test_e2m1_rounds_to_nearest_even_and_saturates():
     q = torch.tensor([0.0, 0.2, 0.25, 0.26, 0.5, 0.75, 1.0, 1.25, 1.3, 1.5, 1.75, 2.0, 2.5, 2.6, 3.0,
                       3.5, 4.0, 5.0, 5.01, 6.0, 7.0, 1e30, -0.0, -0.25, -0.75, -5.0, -100.0])
+    # zero is always code 0 (+0), also -0.0 and negatives that round to zero (-0.25 ties to 0)
     want = [0, 0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 5, 5,
-            6, 6, 6, 7, 7, 7, 7, 8, 8, 8 | 2, 8 | 6, 8 | 7]
+            6, 6, 6, 7, 7, 7, 7, 0, 0, 8 | 2, 8 | 6, 8 | 7]
     assert e2m1_codes(q).tolist() == want
 
 
@@ -191,3 +192,76 @@ def test_the_benchmarks_engine_path_moves_the_same_bytes(pool, layout):
     counts = [3, 3] if layout == "dp2" else [4]
     for fmt in FORMATS:
         assert all(pool(2).run(_engines_path_matches, layout, counts, fmt))
+
+
+# -- the reserved pattern: no wire word of the Lamport kernel is 0xFFFFFFFF (docs/quantization.md) --
+SENTINEL = -1  # 0xFFFFFFFF as int32
+NVFP4_STAND_IN = 0x88888888 - (1 << 32)  # the word the Lamport wire sends for it (nvfp4 data only)
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """Each row's bytes as int32 words, padded with zero bytes to 16 (as the Lamport wire)."""
+    b = t.contiguous().view(torch.uint8)
+    pad = -b.shape[1] % 16
+    return torch.cat([b, b.new_zeros((b.shape[0], pad))], dim=1).view(torch.int32)
+
+
+def _wire_words(q: QuantizedRows) -> torch.Tensor:
+    data = _words(q.data)
+    if q.format == "nvfp4":  # lamport_quant_gather.cu's swap
+        assert not (data == NVFP4_STAND_IN).any(), "0x88888888 is real nvfp4 data: the swap is ambiguous"
+        data = torch.where(data == SENTINEL, NVFP4_STAND_IN, data)
+    return torch.cat([data.flatten(), _words(q.scales).flatten()])
+
+
+def test_e4m3_nan_is_0x7f_whatever_its_sign():
+    v = torch.tensor([float("nan"), -float("nan"), 1.0, -1.0])
+    v = torch.cat([v, (v[:1].view(torch.int32) | (1 << 31)).view(torch.float32)])  # a NaN with the sign bit
+    assert to_e4m3(v).view(torch.uint8).tolist() == [0x7F, 0x7F, 0x38, 0xB8, 0x7F]
+
+
+def test_nvfp4_eight_minus_six_is_the_sentinel_word_in_data_only():
+    """A block of -6.0s (its amax) packs to 0xFF bytes: sentinel words, which the wire swaps;
+    its scale and every other word differ from the sentinel."""
+    x = torch.randn(3, 64)
+    x[1, 16:32] = -6.0
+    x[2, :] = -6.0
+    q = quantize(x, "nvfp4", torch.tensor([448.0 * 6 / 6.0]))
+    words = _words(q.data)
+    assert (words[1, 2:4] == SENTINEL).all() and (words[2, :] == SENTINEL).all()
+    assert not (_wire_words(q) == SENTINEL).any()
+    assert (q.dequantize()[2] == -6.0).all()
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_no_wire_word_is_the_sentinel_for_negative_inputs(fmt):
+    """Rows of negative values (all quantizing to nvfp4 code 0xF or to zero: -0 codes 0x8 must
+    not appear) and of tiny negatives that round to zero."""
+    torch.manual_seed(5)
+    neg = -(torch.rand(8, 256) * 6)
+    tiny = torch.full((2, 256), -1e-3)
+    tiny[:, ::16] = 100.0  # each block's amax: -1e-3 rounds to zero in nvfp4 (to e4m3 -0 = 0x80 in fp8)
+    x = torch.cat([neg, -torch.full((1, 256), 6.0), tiny])
+    q = quantize(x, fmt, torch.tensor([448.0]) if FORMATS[fmt].needs_global_scale else None)
+    assert not (_wire_words(q) == SENTINEL).any()
+    if fmt == "nvfp4":
+        codes = torch.stack([q.data & 0xF, q.data >> 4], dim=-1)
+        assert not (codes == 0x8).any()
+        tiny_codes = codes[-2:].reshape(2, 256)
+        small = torch.ones(256, dtype=torch.bool)
+        small[::16] = False
+        assert (tiny_codes[:, small] == 0).all()
+    else:
+        assert not (q.data.view(torch.uint8) == 0xFF).any()
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_nan_rows_are_unsupported_but_never_the_sentinel(fmt):
+    """NaN inputs are unsupported (the reference's amax is NaN, the kernels' ignores NaNs, so
+    they may disagree), but no word they produce is the sentinel: a Lamport wait cannot hang."""
+    x = torch.randn(4, 256)
+    x[1, 7] = float("nan")
+    x[2, 100] = (torch.tensor([float("nan")]).view(torch.int32) | (1 << 31)).view(torch.float32)
+    x[3, :] = float("nan")
+    q = quantize(x, fmt, torch.tensor([448.0]) if FORMATS[fmt].needs_global_scale else None)
+    assert not (_wire_words(q) == SENTINEL).any()

@@ -39,7 +39,7 @@ class Case:
     group: str = "world"
     row_shape: tuple[int, ...] = (8,)
     dtype: str = "float32"
-    data: str = "int"               # "int" (exact), "randn", or "reserved" (randn with reserved NaNs)
+    data: str = "int"               # "int" (exact), "randn", "reserved" (randn with reserved NaNs), "negative"
     partial: bool = True
     fused: bool = False
     device_sizes: bool = False      # pass sizes as an int32 tensor (inputs then carry spare rows)
@@ -70,6 +70,8 @@ def _tensor(seed: int, shape: tuple[int, ...], case: Case, device) -> torch.Tens
     t = t.to(case.torch_dtype)
     if case.data == "reserved":  # randn with every 5th element all ones (reserved.py), a NaN
         t.view(-1).view(INT_OF_WIDTH[t.element_size()])[::5] = -1
+    if case.data == "negative" and t.dim() > 1:  # randn, every other row -3: nvfp4 words of eight -6.0s
+        t[::2] = -3.0
     return t.to(device)
 
 

@@ -94,6 +94,8 @@ OWN = {"own_count": True}
 # registry: tune's ties go to the one-kernel algorithms. The gather takes own counts: its
 # all_gather_v step exchanges the chunk counts (in its kernel where that one can).
 TWO_STEP = Algorithm("two_step", None, composed=True)
+# The quantized gathers' (partial rows reach their owner on LL packets in both: quant_rows.cuh).
+QUANT_ALGORITHMS = (Algorithm("quant", None), Algorithm("quant_lamport", None, LAMPORT))
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -113,12 +115,12 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT, TWO_STEP),
         on_world=True, reduces_to={"attn_tp": "reduce_scatter_v"}),
-    # quant= on all_gather_v / gather_tokens (optionally fused with the norm): one kernel
-    # (csrc/quant_gather.cu); the format is a launcher argument. Errors report the base op.
-    OpSpec("all_gather_v_quant", abi.OpCode.ALL_GATHER_V, "output", "rows", (Algorithm("quant", None),),
+    # quant= on all_gather_v / gather_tokens (optionally fused with the norm): one kernel, its
+    # wire rows on LL packets (csrc/quant_gather.cu) or on the Lamport protocol
+    # (csrc/lamport_quant_gather.cu); the format is a launcher argument. Errors report the base op.
+    OpSpec("all_gather_v_quant", abi.OpCode.ALL_GATHER_V, "output", "rows", QUANT_ALGORITHMS, quantized=True),
+    OpSpec("gather_tokens_quant", abi.OpCode.GATHER_TOKENS, "output", "rows", QUANT_ALGORITHMS, on_world=True,
            quantized=True),
-    OpSpec("gather_tokens_quant", abi.OpCode.GATHER_TOKENS, "output", "rows", (Algorithm("quant", None),),
-           on_world=True, quantized=True),
 )}
 
 

@@ -19,7 +19,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import LAMPORT, OPS, op_name
+from ..ops import LAMPORT, LL, OPS, op_name
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
@@ -68,7 +68,9 @@ class NvlinkBackend:
                 return f"rows of {row_bytes} bytes are not a multiple of {ROW_ALIGN_BYTES}"
             nbytes = (max(sizes.host) if sizes.host is not None else x.shape[0]) * row_bytes
         per_peer = spec.per_peer_bytes(alg, nbytes, group.size)
-        capacity = alg.protocol.capacity(self.workspace.area_bytes)
+        # Quantized gathers send partial rows (tp > 1) on LL in both algorithms; their wire rows
+        # are smaller than the unquantized ones counted here.
+        capacity = (LL if spec.quantized else alg.protocol).capacity(self.workspace.area_bytes)
         if per_peer > capacity:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
                     f"{capacity} (raise workspace_bytes)")
@@ -83,7 +85,8 @@ class NvlinkBackend:
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm, quant=None):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
         if quant is not None:
-            return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
+            return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows,
+                                      _is_lamport("all_gather_v_quant", algorithm))
         name = "lamport_all_gather_v" if _is_lamport("all_gather_v", algorithm) else "all_gather_v"
         return kernels.call(name, x, *_gather_sizes(sizes), self.handles[group.name], out_rows, self.pdl)
 
@@ -101,7 +104,7 @@ class NvlinkBackend:
         handle, tp = self.handles["world"], self.layout.attn_tp
         if quant is not None:
             return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
-                                      OpCode.GATHER_TOKENS, out_rows)
+                                      OpCode.GATHER_TOKENS, out_rows, _is_lamport("gather_tokens_quant", algorithm))
         if fusion is not None:
             return kernels.call("gather_tokens_norm", x, *_gather_sizes(dp_sizes), fusion.residual, fusion.weight,
                                 fusion.eps, handle, tp, partial, out_rows, self.pdl)
@@ -147,12 +150,13 @@ class NvlinkBackend:
         self.workspace.close()
 
     def _quant_gather(self, x, sizes: Sizes, group: Group, tp: int, partial: bool, fusion, quant, op: int,
-                      out_rows: int):
-        """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather."""
+                      out_rows: int, lamport: bool):
+        """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather (on
+        the Lamport protocol or LL)."""
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
         data, scales, residual_out = kernels.call("quant_gather", 
             x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
-            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, self.pdl)
+            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, lamport, self.pdl)
         rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)
         return rows if fusion is None else (rows, residual_out)
 

@@ -25,10 +25,11 @@ template <> struct QuantTraits<kQuantFp8> { static constexpr int kBlock = 0, kPe
 template <> struct QuantTraits<kQuantFp8Block128> { static constexpr int kBlock = 128, kPerLane = 8, kScaleBytes = 4; };
 template <> struct QuantTraits<kQuantNvfp4> { static constexpr int kBlock = 16, kPerLane = 16, kScaleBytes = 1; };
 
-// fp32 -> e4m3 (float8_e4m3fn), nearest-even, saturating to +-448; NaN -> 0x7f | sign.
+// fp32 -> e4m3 (float8_e4m3fn), nearest-even, saturating to +-448; NaN -> 0x7f whatever its
+// sign, so no code is 0xFF (the Lamport sentinel's byte: docs/quantization.md "Reserved pattern").
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   const uint32_t bits = __float_as_uint(v), sign = (bits >> 24) & 0x80u;
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint8_t)(0x7fu | sign);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fu;
   const uint32_t a = __float_as_uint(fminf(fabsf(v), kE4m3Max));
   if (a < 0x3c800000u) {  // below 2^-6, the smallest normal: a multiple of 2^-9 (0..8; 8 is 2^-6)
     return (uint8_t)(__float2uint_rn(__fmul_rn(__uint_as_float(a), 512.0f)) | sign);
@@ -68,11 +69,13 @@ __device__ __forceinline__ Nvfp4Scale nvfp4_scale(float amax, float global_scale
   return Nvfp4Scale{sf, sf_value == 0.0f ? 0.0f : __fdiv_rn(global_scale, sf_value)};
 }
 
-// e2m1, nearest-even on 0, .5, 1, 1.5, 2, 3, 4, 6, saturating; sign bit from q (zeros too).
+// e2m1, nearest-even on 0, .5, 1, 1.5, 2, 3, 4, 6, saturating; sign bit from q, except that
+// zero is always +0 (code 0x0, never 0x8: so a word of eight 0x8 codes is no real data and the
+// Lamport wire can stand it in for eight -6.0s, lamport_quant_gather.cu). NaN gives +0.
 __device__ __forceinline__ uint32_t e2m1_code(float q) {
   const float a = fabsf(q);
   const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return code | ((__float_as_uint(q) >> 31) << 3);
+  return code ? code | ((__float_as_uint(q) >> 31) << 3) : 0u;
 }
 
 __device__ __forceinline__ uint32_t nvfp4_code(float v, float inv) { return e2m1_code(__fmul_rn(v, inv)); }

@@ -20,11 +20,17 @@ caller's fp32 global scale g (positive, finite; engines use 448 * 6 / amax(tenso
     q_i   = e2m1(v_i * inv)                   # multiply, rounded; then e2m1 below
     e2m1(q): nearest-even on the grid 0, .5, 1, 1.5, 2, 3, 4, 6, saturating at 6 (|q| > 5
     gives 6): code(|q|) = [|q| > .25] + [|q| >= .75] + [|q| > 1.25] + [|q| >= 1.75]
-    + [|q| > 2.5] + [|q| >= 3.5] + [|q| > 5]; sign bit = signbit(q) (also for zeros).
+    + [|q| > 2.5] + [|q| >= 3.5] + [|q| > 5]; sign bit = signbit(q), but zero is always +0
+    (code 0x0: the reserved pattern below).
+e4m3(NaN) is 0x7f whatever the NaN's sign, so no e4m3 byte is 0xFF.
 
 TensorRT-LLM / FlashInfer compute the same quantities with approximate reciprocals
 (rcp.approx) where we divide exactly, so their bits can differ in rare last-place cases;
 the formats (layout, scale meaning) are the same. Non-finite inputs are not supported.
+
+Reserved pattern: the canonical zero and NaN codes above keep the wire of our Lamport kernel
+(csrc/lamport_quant_gather.cu) free of its sentinel word 0xFFFFFFFF, except for nvfp4 words
+of eight -6.0s, which that kernel swaps on the wire (docs/quantization.md).
 """
 
 from .formats import FORMATS, Format

@@ -170,13 +170,13 @@ def check_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str
     return results
 
 
-def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: int = 0) -> dict:
+def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: int = 0, table: str = "auto") -> dict:
     """Worker entry (CUDA): capture the quantized op once with device-side sizes at `capacity`
     rows per member, replay it with random sizes (zeros included) and fresh random data, and
     compare every replay with the oracle (fused: with the quantized own unquantized rows)."""
     import torch.distributed as dist
 
-    comm = communicator(template.case.layout, "auto")
+    comm = communicator(template.case.layout, "auto", table)
     rank, device, case0 = comm.rank, comm.device, template.case
     count = len(case0.sizes)
     x = torch.zeros((capacity,) + case0.row_shape, dtype=case0.torch_dtype, device=device)
@@ -236,7 +236,7 @@ def _uneven(n: int, rng: random.Random) -> tuple[int, ...]:
 
 
 def quant_cases(layout: Layout, formats=tuple(FORMATS), dtypes=("bfloat16",), device_sizes=(False, True),
-                seed: int = 0) -> list[QuantCase]:
+                seed: int = 0, data: str = "randn") -> list[QuantCase]:
     """Every format x op variant (all_gather_v over the world and attn_dp; gather_tokens
     partial, replicated, fused) of one layout, random data, uneven sizes including zero."""
     rng = random.Random(hash((layout, seed)))
@@ -244,7 +244,7 @@ def quant_cases(layout: Layout, formats=tuple(FORMATS), dtypes=("bfloat16",), de
     for fmt in formats:
         for dtype in dtypes:
             for dev in device_sizes:
-                base = Case("gather_tokens", layout, (), row_shape=(HIDDEN,), dtype=dtype, data="randn",
+                base = Case("gather_tokens", layout, (), row_shape=(HIDDEN,), dtype=dtype, data=data,
                             device_sizes=dev)
                 variants = [replace(base, op="all_gather_v", group=g, sizes=_uneven(len(layout.group_ranks(g, 0)), rng))
                             for g in ("world", "attn_dp")]

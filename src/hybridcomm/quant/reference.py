@@ -25,19 +25,26 @@ def _full(like: torch.Tensor, value: float) -> torch.Tensor:
     return torch.full_like(like, value)
 
 
+E4M3_NEGATIVE_NAN, E4M3_NAN = 0xFF, 0x7F  # the two NaN codes of float8_e4m3fn
+
+
 def to_e4m3(v: torch.Tensor) -> torch.Tensor:
-    """fp32 -> float8_e4m3fn, round-to-nearest-even, saturating to +-448 (NaN stays NaN)."""
-    return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    """fp32 -> float8_e4m3fn, round-to-nearest-even, saturating to +-448; NaN -> 0x7f whatever
+    its sign, so no code is 0xFF (the reserved pattern: docs/quantization.md)."""
+    codes = v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(codes == E4M3_NEGATIVE_NAN, E4M3_NAN, codes).view(torch.float8_e4m3fn)
 
 
 def e2m1_codes(q: torch.Tensor) -> torch.Tensor:
     """fp32 -> e2m1 codes (uint8, sign in bit 3): nearest-even on the grid
-    0, 0.5, 1, 1.5, 2, 3, 4, 6, saturating at 6; the sign is q's sign bit (also for zeros)."""
+    0, 0.5, 1, 1.5, 2, 3, 4, 6, saturating at 6; the sign is q's sign bit, except that zero is
+    always +0 (code 0, never 0x8: the reserved pattern, docs/quantization.md). NaN gives +0."""
     a = q.abs()
     code = torch.zeros(q.shape, dtype=torch.uint8, device=q.device)
     for threshold, tie_up in E2M1_THRESHOLDS:
         code += (a >= threshold if tie_up else a > threshold).to(torch.uint8)
-    return code | (torch.signbit(q).to(torch.uint8) << 3)
+    negative = torch.signbit(q) & (code != 0)
+    return code | (negative.to(torch.uint8) << 3)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

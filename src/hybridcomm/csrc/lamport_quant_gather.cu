@@ -1,0 +1,154 @@
+// Quantized gathers on the Lamport protocol (lamport.cuh): the rows of quant_gather.cu --
+// owned, staged and quantized by quant_rows.cuh's functions -- travel as 16-byte Lamport units
+// (16 data bytes per store, no flags) instead of LL packets (8 per store), so the quantized
+// bytes cross NVLink once, not doubled.
+//
+// Wire row (in every area): the data units, then the scale units; each part padded to whole
+// 16-byte units with zero words (an nvfp4 row of hidden / 16 odd ends its data in half a unit).
+// Row j of DP group d goes, by its owner (tp rank t of d), to unit (j - chunk_begin(count(d), t,
+// tp)) * wire_units of the owner's area in every other rank's current slot: at most
+// ceil(max count / tp) rows per area, what end_lamport_call records for the re-fill.
+//
+//   phase 0 (partial rows, tp > 1): unchanged from quant_gather.cu: LL lanes to the owner
+//           (fused: to every tp peer), in LL area 0.
+//   per row (one block): staged, quantized two lanes (one unit) per thread; my copy stored,
+//           the units put to every peer.
+//   phase 1: every rank waits for the units of the rows it does not own and stores them.
+//
+// Reserved pattern (docs/quantization.md): no wire word may be the sentinel 0xFFFFFFFF. fp8
+// data bytes are never 0xFF (e4m3 NaN is 0x7f), fp32 and e4m3 scales are never negative, pads
+// are zero; nvfp4 data words can be 0xFFFFFFFF (eight -6.0s), so they travel as 0x88888888
+// (eight -0 codes, which the quantizer never writes: zero is always code 0) and are swapped
+// back on receipt.
+#include "lamport.cuh"
+#include "quant_rows.cuh"
+
+namespace hc {
+
+constexpr uint32_t kNvfp4WireStandIn = 0x88888888u;  // stands in for 0xFFFFFFFF on the wire
+
+// A data unit as it travels (to_wire; nvfp4: the sentinel word replaced by its stand-in) or back.
+template <int F>
+__device__ __forceinline__ uint4 wire_swap(uint4 v, bool to_wire) {
+  if constexpr (F != kQuantNvfp4) return v;
+  const uint32_t from = to_wire ? kSentinelWord : kNvfp4WireStandIn, to = to_wire ? kNvfp4WireStandIn : kSentinelWord;
+  return make_uint4(v.x == from ? to : v.x, v.y == from ? to : v.y, v.z == from ? to : v.z, v.w == from ? to : v.w);
+}
+
+// Where a quantized row goes, in 16-byte units: data units first, then scale units.
+struct WireUnits {
+  QuantOut out;
+  int64_t data_units, wire_units;
+
+  // Unit u of output row o into data / scales (pads dropped).
+  __device__ __forceinline__ void store(int64_t o, int64_t u, uint4 v) const {
+    if (o >= out.out_rows) return;
+    if (u >= data_units) return out.store_scales(o, (u - data_units) * 16, v);
+    const int64_t l = 2 * u;
+    out.data[o * out.data_lanes + l] = make_uint2(v.x, v.y);
+    if (l + 1 < out.data_lanes) out.data[o * out.data_lanes + l + 1] = make_uint2(v.z, v.w);
+  }
+};
+
+template <int F>
+__host__ __device__ __forceinline__ WireUnits wire_units(int64_t hidden, void* data, void* scales, int64_t out_rows) {
+  const QuantOut out = quant_out<F>(hidden, data, scales, out_rows);
+  const int64_t data_units = (out.data_lanes + 1) / 2;
+  return WireUnits{out, data_units, data_units + (out.scale_bytes + 15) / 16};
+}
+
+// Area rows one source writes into one of my areas: its chunk of a DP group, at most this.
+__device__ __forceinline__ int64_t area_rows(const RowCounts& rc, int tp) { return (rc.max + tp - 1) / tp; }
+
+// The row counts, checked against both areas this call uses: the Lamport area (wire rows) and,
+// with phase 0, the LL area (partial input rows). On overflow every rank reaches the same
+// verdict: the counts become zero, nobody sends or waits, the host raises CapacityExceeded.
+__device__ __forceinline__ TokenShape quant_token_shape(const LamportCall& lc, int tp, bool reduce, const RowsArg& io,
+                                                        int64_t wire_units) {
+  const GroupArgs& g = lc.cx.g;
+  RowCounts rc = load_counts(io.sizes, g.nranks / tp);
+  const bool fits = fits_area(area_rows(rc, tp) * wire_units * kLamportUnitBytes, kLamportWireFactor, lc.l.area_bytes) &&
+                    (!reduce || fits_area(rc.max * io.row_lanes * kLLUnitBytes, kLLWireFactor, g.area_bytes));
+  if (!fits) {
+    if (grid_thread() == 0) lc.cx.fail(kCapacity, g.me);
+    const uint32_t hash = rc.hash;
+    rc = RowCounts{};
+    rc.hash = hash;
+  }
+  return TokenShape{tp, g.nranks / tp, g.me / tp, g.me % tp, rc, io.row_lanes};
+}
+
+// The staged row r quantized: into my output and, as units, into every peer's area from me.
+template <int F>
+__device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, int64_t r,
+                                                  const float* row, uint8_t* scale_bytes, float global_scale,
+                                                  const WireUnits& w, float* warp_buf) {
+  const int64_t o = s.rc.offset[s.d] + r;
+  const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
+  quantize_row<F, 2>(row, scale_bytes, w.out.data_lanes, w.out.scale_bytes, global_scale, warp_buf,
+                     [&](int64_t u, const uint2(&v)[2]) {
+                       const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
+                       w.store(o, u, unit);
+                       const uint4 wire = u < w.data_units ? wire_swap<F>(unit, true) : unit;
+                       lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
+                     });
+}
+
+template <typename T, int F>
+__global__ void __launch_bounds__(kThreads)
+    lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int tp, int partial,
+                         const uint2* __restrict__ in, const uint2* __restrict__ residual,
+                         const uint2* __restrict__ weight, uint2* __restrict__ residual_out, float eps,
+                         const float* __restrict__ global_scale_ptr, WireUnits w, RowsArg io) {
+  extern __shared__ float4 staged_[];  // the row's fp32 values, then its scale bytes
+  float* row = reinterpret_cast<float*>(staged_);
+  uint8_t* scale_bytes = reinterpret_cast<uint8_t*>(row + io.row_lanes * Lane<T>::kN);
+  __shared__ float warp_buf[kThreads / 32];
+
+  LamportCall lc = begin_lamport_call(g, l, op);
+  const uint2 early = early_lane(in, io, tp);
+  const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
+  const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
+  check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
+  // The algorithm field holds the Lamport slot, so the format and the fusion go in the width's
+  // high byte (row bytes are below 2^16).
+  arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
+                                 (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
+  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
+  stage_my_rows<T>(lc.cx, s, reduce, fused, in, early, residual, weight, residual_out, eps, io, row, warp_buf,
+                   [&](int64_t r) { put_quantized_row<F>(lc, s, r, row, scale_bytes, global_scale, w, warp_buf); });
+  refill_previous_slot(lc);
+  // Phase 1: the units of the rows other ranks own.
+  for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t j) {
+    // The owner's area rows start at its chunk's first row (tp rank owner % tp of DP group owner / tp).
+    const int64_t i = (j - chunk_begin(s.rc.count(owner / tp), owner % tp, tp)) * w.wire_units + u;
+    uint4 data[kMaxRanks];
+    wait_units(lc, 1, owner, i, [](int) { return true; }, data);
+    w.store(o, u, u < w.data_units ? wire_swap<F>(data[0], false) : data[0]);
+  });
+  end_lamport_call(lc, area_rows(s.rc, tp) * w.wire_units);
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// The arguments of hc_quant_gather (quant_gather.cu) with the group's Lamport areas (l).
+extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l, int format, int dtype, int tp,
+                                       int partial, int op, const void* in, const void* residual, const void* weight,
+                                       void* residual_out, float eps, const float* global_scale, void* out_data,
+                                       void* out_scales, const int32_t* sizes_device, const int32_t* sizes_host,
+                                       int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl,
+                                       cudaStream_t stream) {
+  if (!quant_args_valid(g, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
+  int status = 0;
+  HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
+    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
+    const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
+    const int blocks = blocks_for(out_rows * w.wire_units, *g);
+    status = launch_kernel_smem(lamport_quant_gather<Elem, Fmt>, blocks, kThreads, quant_staging_bytes(hidden),
+                                stream, pdl, *g, *l, op, tp, partial, (const uint2*)in, (const uint2*)residual,
+                                (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);
+  }));
+  return status;
+}
