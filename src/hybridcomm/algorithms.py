@@ -102,10 +102,11 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # 93.6 us at that 28 MiB point -- and from ~1024 tokens/rank our LL kernel moves fp8 no faster
     # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us). The same kernel on the Lamport
     # protocol (quant_lamport, csrc/lamport_quant_gather.cu: half the LL bytes, no flags) was
-    # measured SLOWER than LL at every point of its first run (2x H200, 2026-11-23 01:35, hidden
-    # 4096, fp8 / nvfp4, 1-512 tokens: DP2 fp8 11.6 vs 8.6 us at 1 token, 32.8 vs 25.8 at 512; its
-    # per-row staging and quantizing, not the wire, sets the time), so LL keeps the table (results/2xH200/quant_lamport_first_2xH200.md); the
-    # Lamport kernel stays forcible (table "lamport") and timed by bench quant (hc_quant_lamport).
+    # measured SLOWER than LL at every point of its first run (2x H200, 2026-11-23 01:20, hidden
+    # 4096, fp8 / nvfp4, 1-512 tokens: DP2 fp8 11.6 vs 8.6 us at 1 token, 32.8 vs 25.8 at 512;
+    # its per-row staging and quantizing, not the wire, sets the time:
+    # results/2xH200/quant_lamport_first_2xH200.md), so LL keeps the table; the Lamport kernel
+    # stays forcible (table "lamport") and timed by bench quant (hc_quant_lamport).
     "all_gather_v_quant": (
         Rule(32 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
