@@ -27,6 +27,7 @@ from ..algorithms import NAMED_TABLES
 from ..communicator import Communicator
 from ..layout import Layout
 from . import timing
+from .quant import GLOBAL_SCALE
 
 CALLS, REPLAYS = 50, 20  # records per case: CALLS * REPLAYS <= trace.RECORDS
 HIDDEN = 4096
@@ -38,6 +39,7 @@ class TraceCase:
     op: str  # "all_reduce" (size: bytes) | "gather_tokens" (size: tokens per DP rank, DP over the world)
     table: str  # algorithms.NAMED_TABLES key
     size: int
+    quant: str | None = None  # gather_tokens: a quantized gather of this format (hybridcomm.quant)
 
 
 CASES = (
@@ -47,6 +49,14 @@ CASES = (
     TraceCase("gather_tokens DP, 1 token", "gather_tokens", "auto", 1),
     TraceCase("gather_tokens DP, 16 tokens", "gather_tokens", "auto", 16),
     TraceCase("gather_tokens DP, 1 token, Lamport", "gather_tokens", "lamport", 1),
+    TraceCase("gather_tokens DP, 128 tokens", "gather_tokens", "auto", 128),
+    # The quantized gathers (csrc/quant_gather.cu on LL, lamport_quant_gather.cu), each forced.
+    TraceCase("gather_tokens DP, 1 token, quant fp8 LL", "gather_tokens", "quant_ll", 1, "fp8"),
+    TraceCase("gather_tokens DP, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8"),
+    TraceCase("gather_tokens DP, 128 tokens, quant fp8 LL", "gather_tokens", "quant_ll", 128, "fp8"),
+    TraceCase("gather_tokens DP, 128 tokens, quant fp8 Lamport", "gather_tokens", "lamport", 128, "fp8"),
+    TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 LL", "gather_tokens", "quant_ll", 16, "nvfp4"),
+    TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 Lamport", "gather_tokens", "lamport", 16, "nvfp4"),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event
@@ -71,6 +81,9 @@ def _call(case: TraceCase, comm: Communicator, device):
         return lambda: comm.all_reduce(x)
     x = torch.randn(case.size, HIDDEN, dtype=torch.bfloat16, device=device)
     tokens = [case.size] * comm.layout.attn_dp
+    if case.quant:
+        scale = GLOBAL_SCALE if case.quant == "nvfp4" else None
+        return lambda: comm.gather_tokens(x, tokens, quant=case.quant, global_scale=scale)
     return lambda: comm.gather_tokens(x, tokens)
 
 
@@ -200,7 +213,7 @@ def _matched(per_rank: list[np.ndarray]) -> list[np.ndarray]:
 def analyse(case: TraceCase, results: list[dict]) -> dict:
     """Per-rank phase medians (and means of the global-timer ones), cross-rank offsets and skew."""
     recs = [r["records"] for r in results]
-    out = {"case": case.name, "op": case.op, "table": case.table, "size": case.size,
+    out = {"case": case.name, "op": case.op, "table": case.table, "size": case.size, "quant": case.quant,
            "backend": results[0]["backend"], "algorithm": results[0]["algorithm"],
            "us_per_call_trace_build": max(r["us_per_call"] for r in results),
            "calls": [int(len(r)) for r in recs], "blocks": [int(np.median(r["blocks"])) if len(r) else 0
