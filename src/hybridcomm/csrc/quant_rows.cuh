@@ -57,7 +57,7 @@ __device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { re
 // -- a row in registers ----------------------------------------------------------------------------
 // Thread x of the block holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
 // hidden size up to kMaxQuantHidden) of the row it works on: their input as loaded, then their fp32 values.
-// Kernels are instantiated per KL = ceil(data lanes / kThreads) (quant_lanes_per_thread): a
+// Kernels are instantiated per KL = ceil(data lanes / kThreads) (with_lanes_per_thread): a
 // thread's registers hold no lane a row cannot have (kernels already need ~124 registers; at
 // the largest KL for every hidden size, bf16 ones spilled). Registers rather than a row staged
 // in shared memory: the input of a block's first row is loaded
@@ -401,12 +401,21 @@ int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
 
 // Both launchers' grid: at least one block per row a rank stages (a block works its rows one
 // after another; fused: every row of the DP group, else a 1/tp chunk), and enough threads for
-// one wire item (lane or unit) of the gathered rows each; at most one block per SM (blocks_for).
+// one wire item (lane or unit) each of the rows it receives -- all but its own chunk, where the
+// counts are on the host (one block at 1 token: no count of blocks at the end, end_call) --
+// at most one block per SM (blocks_for).
 inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool fused, int64_t items_per_row) {
-  const int64_t largest = grid_rows(io, g.nranks / tp, RowsSpan::kLargest, io.in_rows);
+  const int dp = g.nranks / tp;
+  const int64_t largest = grid_rows(io, dp, RowsSpan::kLargest, io.in_rows);
   const int64_t staged = fused ? largest : ceil_div(largest, tp);
+  int64_t received = grid_rows(io, dp, RowsSpan::kAll, io.out_rows);
+  if (!io.sizes.device && !io.sizes.own) {  // my chunk (chunk_begin's cut) is not received
+    const int64_t group = io.sizes.host[g.me / tp] > 0 ? io.sizes.host[g.me / tp] : 0, t = g.me % tp;
+    const int64_t chunk = group * (t + 1) / tp - group * t / tp;
+    received = received > chunk ? received - chunk : 0;
+  }
   const int by_rows = (int)(staged < g.max_blocks ? staged : g.max_blocks);
-  const int by_items = blocks_for(io.out_rows * items_per_row, g);
+  const int by_items = blocks_for(received * items_per_row, g);
   return by_rows > by_items ? by_rows : by_items;
 }
 
