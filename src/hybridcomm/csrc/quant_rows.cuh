@@ -56,13 +56,13 @@ __device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { re
 
 // -- a row in registers ----------------------------------------------------------------------------
 // Thread x of the block holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
-// hidden size up to kMaxQuantHidden) of the row it works on: their input as loaded, then their fp32 values.
-// Kernels are instantiated per KL = ceil(data lanes / kThreads) (with_lanes_per_thread): a
-// thread's registers hold no lane a row cannot have (kernels already need ~124 registers; at
-// the largest KL for every hidden size, bf16 ones spilled). Registers rather than a row staged
-// in shared memory: the input of a block's first row is loaded
-// before arrive() (as rows.cuh's EarlyInput), the next row's while this one is quantized, and a
-// thread quantizes the values it loaded (trace, 2x H200, fp8 1 token: staging the row through
+// hidden size up to kMaxQuantHidden) of the row it works on: their input as loaded, then their
+// fp32 values. Kernels are instantiated per KL = ceil(data lanes / kThreads)
+// (with_lanes_per_thread): a thread's registers hold no lane a row cannot have (the kernels
+// already needed ~124 registers; at the largest KL for every hidden size, bf16 ones spilled).
+// Registers rather than a row staged in shared memory: the input of a block's first row is
+// loaded before arrive() (as rows.cuh's EarlyInput), the next row's while this one is quantized,
+// and a thread quantizes the values it loaded (trace, 2x H200, fp8 1 token: staging the row through
 // shared memory, the row max over it and a barrier before the scale lane took ~3 us of the ~4.3 us
 // from arrive() to sent). Consecutive threads hold consecutive lanes, so the block formats' blocks
 // (16 lanes of fp8_block128) and the wire's scale lanes and Lamport units are formed by warp
