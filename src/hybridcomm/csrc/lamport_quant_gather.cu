@@ -125,7 +125,6 @@ __global__ void __launch_bounds__(kThreads)
   const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
-  const uint2 early_fused = early_lane(in, io, tp, fused);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
@@ -133,7 +132,7 @@ __global__ void __launch_bounds__(kThreads)
   // high byte (row bytes are below 2^16).
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
                                  (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
-  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, in, early_fused, residual, weight, residual_out, eps, io,
+  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
                             put_quantized_row<F, KL>(lc, s, r, x, global_scale, w, warp_buf);
                           });

@@ -68,7 +68,6 @@ __global__ void __launch_bounds__(kThreads)
   const bool fused = weight != nullptr, reduce = partial && tp > 1;
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
-  const uint2 early_fused = early_lane(in, io, tp, fused);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
@@ -77,7 +76,7 @@ __global__ void __launch_bounds__(kThreads)
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
-  stage_my_rows<T, F, KL>(cx, s, reduce, fused, in, early_fused, residual, weight, residual_out, eps, io,
+  stage_my_rows<T, F, KL>(cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
                             push_quantized_row<F, KL>(cx, s, r, x, global_scale, w, warp_buf);
                           });

@@ -245,31 +245,27 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
   }
 }
 
-// Fused rows (staged by stage_row, lane-strided): this thread's first lane of its block's first
-// row, loaded early: right after the PDL wait, before the counts and arrive(), so its latency
-// overlaps theirs (as rows.cuh EarlyInput). Only where that row is known without the counts,
-// tp == 1 (a block stages rows blockIdx.x, blockIdx.x + gridDim.x, ...: stage_my_rows);
-// elsewhere unused (zero). (Rows not fused: early_row_input.)
-__device__ __forceinline__ uint2 early_lane(const uint2* __restrict__ in, const RowsArg& io, int tp, bool fused) {
-  const int64_t i = (int64_t)blockIdx.x * io.row_lanes + threadIdx.x;
-  return fused && tp == 1 && threadIdx.x < io.row_lanes && i < io.in_lanes() ? in[i] : make_uint2(0, 0);
-}
-
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
-template <typename T>
+// `early`: with tp == 1, row blockIdx.x's lanes of this thread, loaded before arrive()
+// (early_row_input: lane threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]).
+template <typename T, int F, int KL>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
-                                          const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
-                                          const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
-                                          float eps, const RowsArg& io, float* row, float* warp_buf) {
+                                          const uint2* __restrict__ in, const RowInput<T, F, KL>& early,
+                                          const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                                          uint2* __restrict__ residual_out, float eps, const RowsArg& io, float* row,
+                                          float* warp_buf) {
+  using In = RowInput<T, F, KL>;
   constexpr int kN = Lane<T>::kN;
   const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = s.tp == 1 && r == blockIdx.x;
   float sumsq = 0.f;
-  for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x) {
+  int m = 0;  // (kThreads == blockDim.x)
+  for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x, ++m) {
     const int64_t i = r * s.row_lanes + l;
-    const bool first = early_row && l == threadIdx.x;  // its first lane came early (early_lane)
-    const uint2 local = first ? early : in_bounds ? in[i] : make_uint2(0, 0);
+    uint2 local = in_bounds && !early_row ? in[i] : make_uint2(0, 0);
+#pragma unroll
+    for (int p = 0; p < KL * In::kIn; ++p) local = early_row && p == m ? early.raw[p / In::kIn][p % In::kIn] : local;
     float acc[4];
     if (reduce) sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, i, local, acc);
     else Lane<T>::unpack(local, acc);
@@ -320,24 +316,35 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
 }
 
 // The input of this block's first row, loaded before the counts and arrive() where its index is
-// known without the counts: my rows start at row 0 when tp == 1 and not fused (else stage_my_rows
-// loads it; fused rows go through shared memory, stage_row).
+// known without the counts: my rows start at row 0 when tp == 1 (else stage_my_rows loads it, or,
+// fused, stage_row). Rows not fused: my data lanes (load_row_input); fused: the lanes stage_row
+// reads, threadIdx.x + m * kThreads (m < KL * kIn: the row has KL * kIn * kThreads lanes at most),
+// in raw[m / kIn][m % kIn].
 template <typename T, int F, int KL>
 __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __restrict__ in, int tp, bool fused,
-                                                          const RowsArg& io, int64_t data_lanes) {
-  if (tp == 1 && !fused) return load_row_input<T, F, KL>(in, blockIdx.x, io, data_lanes);
-  return RowInput<T, F, KL>{};
+                                                              const RowsArg& io, int64_t data_lanes) {
+  using In = RowInput<T, F, KL>;
+  if (tp != 1) return In{};
+  if (!fused) return load_row_input<T, F, KL>(in, blockIdx.x, io, data_lanes);
+  In x;
+  const int64_t r = blockIdx.x;
+#pragma unroll
+  for (int m = 0; m < KL * In::kIn; ++m) {
+    const int64_t l = (int64_t)threadIdx.x + (int64_t)m * kThreads;
+    x.raw[m / In::kIn][m % In::kIn] = r < io.in_rows && l < io.row_lanes ? in[r * io.row_lanes + l] : make_uint2(0, 0);
+  }
+  return x;
 }
 
 // Phase 0 and the rows of both kernels: my partial lanes sent (reduce), then one block per row I
 // stage -- every row of my group when fused (the residual output), else my chunk -- and for the
 // rows I own, send(r, x) (called by the whole block, x: my lanes' values) quantizes and sends
-// the row. `early`: early_lane's, `next`: early_row_input's. Not fused, a row is loaded into registers while the
+// the row. `next`: early_row_input's. Not fused, a row is loaded into registers while the
 // previous one is quantized and sent; fused, it is staged in shared memory (stage_row: the
 // norm's sum runs in gather_fused's order, over lanes strided by the block).
 template <typename T, int F, int KL, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
-                                              const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
+                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                               float eps, const RowsArg& io, int64_t data_lanes, RowInput<T, F, KL> next,
                                               float* row, float* warp_buf, Send send) {
@@ -347,7 +354,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
     if (fused) {
-      stage_row<T>(cx, s, reduce, r, in, early, residual, weight, residual_out, eps, io, row, warp_buf);
+      stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
       __syncthreads();  // the staged row is complete
       const RowValues<F, KL> x = staged_values<F, KL>(row, data_lanes);
       __syncthreads();  // read: the next row may be staged
