@@ -84,4 +84,6 @@ def test_every_case_names_a_table_and_a_format_that_exist():
     for case in phases.CASES:
         assert case.table in NAMED_TABLES, case.name
         assert case.quant is None or (case.op == "gather_tokens" and case.quant in FORMATS), case.name
+        assert case.attn_tp == 1 or case.op == "gather_tokens", case.name
+        assert 2 % case.attn_tp == 0, case.name  # runs on 2 GPUs as on 4
     assert any(c.quant for c in phases.CASES)
