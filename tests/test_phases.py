@@ -76,3 +76,14 @@ def test_cross_rank_offset_latency_and_skew_are_recovered():
     assert a["cross_rank"][0]["ready_minus_rank0_median_ns"] == pytest.approx(late, abs=1)
     text = phases.format_report([a])
     assert "wait for peers' data" in text and "rank 1 vs 0" in text
+
+
+def test_every_case_names_a_table_and_a_format_that_exist():
+    from hybridcomm.algorithms import NAMED_TABLES
+    from hybridcomm.quant import FORMATS
+    for case in phases.CASES:
+        assert case.table in NAMED_TABLES, case.name
+        assert case.quant is None or (case.op == "gather_tokens" and case.quant in FORMATS), case.name
+        assert case.attn_tp == 1 or case.op == "gather_tokens", case.name
+        assert 2 % case.attn_tp == 0, case.name  # runs on 2 GPUs as on 4
+    assert any(c.quant for c in phases.CASES)

@@ -27,6 +27,7 @@ from ..algorithms import NAMED_TABLES
 from ..communicator import Communicator
 from ..layout import Layout
 from . import timing
+from .quant import GLOBAL_SCALE
 
 CALLS, REPLAYS = 50, 20  # records per case: CALLS * REPLAYS <= trace.RECORDS
 HIDDEN = 4096
@@ -38,6 +39,8 @@ class TraceCase:
     op: str  # "all_reduce" (size: bytes) | "gather_tokens" (size: tokens per DP rank, DP over the world)
     table: str  # algorithms.NAMED_TABLES key
     size: int
+    quant: str | None = None  # gather_tokens: a quantized gather of this format (hybridcomm.quant)
+    attn_tp: int = 1  # gather_tokens: attention TP (partial rows), DP over the rest of the world
 
 
 CASES = (
@@ -47,6 +50,17 @@ CASES = (
     TraceCase("gather_tokens DP, 1 token", "gather_tokens", "auto", 1),
     TraceCase("gather_tokens DP, 16 tokens", "gather_tokens", "auto", 16),
     TraceCase("gather_tokens DP, 1 token, Lamport", "gather_tokens", "lamport", 1),
+    TraceCase("gather_tokens DP, 128 tokens", "gather_tokens", "auto", 128),
+    # The quantized gathers (csrc/quant_gather.cu on LL, lamport_quant_gather.cu), each forced.
+    TraceCase("gather_tokens DP, 1 token, quant fp8 LL", "gather_tokens", "quant_ll", 1, "fp8"),
+    TraceCase("gather_tokens DP, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8"),
+    TraceCase("gather_tokens DP, 128 tokens, quant fp8 LL", "gather_tokens", "quant_ll", 128, "fp8"),
+    TraceCase("gather_tokens DP, 128 tokens, quant fp8 Lamport", "gather_tokens", "lamport", 128, "fp8"),
+    TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 LL", "gather_tokens", "quant_ll", 16, "nvfp4"),
+    TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 Lamport", "gather_tokens", "lamport", 16, "nvfp4"),
+    TraceCase("gather_tokens TP2, 1 token", "gather_tokens", "auto", 1, attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, quant fp8 LL", "gather_tokens", "quant_ll", 1, "fp8", attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8", attn_tp=2),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event
@@ -71,6 +85,9 @@ def _call(case: TraceCase, comm: Communicator, device):
         return lambda: comm.all_reduce(x)
     x = torch.randn(case.size, HIDDEN, dtype=torch.bfloat16, device=device)
     tokens = [case.size] * comm.layout.attn_dp
+    if case.quant:
+        scale = GLOBAL_SCALE if case.quant == "nvfp4" else None
+        return lambda: comm.gather_tokens(x, tokens, quant=case.quant, global_scale=scale)
     return lambda: comm.gather_tokens(x, tokens)
 
 
@@ -79,7 +96,7 @@ def record_case(case: TraceCase) -> dict:
     the replay-timed µs per call (of the trace build)."""
     build.variant = "trace"
     world = dist.get_world_size()
-    comm = Communicator(Layout(world), table=NAMED_TABLES[case.table])
+    comm = Communicator(Layout(world, attn_tp=case.attn_tp), table=NAMED_TABLES[case.table])
     device = comm.device
     call = _call(case, comm, device)
     for _ in range(3):
@@ -200,7 +217,8 @@ def _matched(per_rank: list[np.ndarray]) -> list[np.ndarray]:
 def analyse(case: TraceCase, results: list[dict]) -> dict:
     """Per-rank phase medians (and means of the global-timer ones), cross-rank offsets and skew."""
     recs = [r["records"] for r in results]
-    out = {"case": case.name, "op": case.op, "table": case.table, "size": case.size,
+    out = {"case": case.name, "op": case.op, "table": case.table, "size": case.size, "quant": case.quant,
+           "attn_tp": case.attn_tp,
            "backend": results[0]["backend"], "algorithm": results[0]["algorithm"],
            "us_per_call_trace_build": max(r["us_per_call"] for r in results),
            "calls": [int(len(r)) for r in recs], "blocks": [int(np.median(r["blocks"])) if len(r) else 0

@@ -243,7 +243,8 @@ __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
 // count exists to find the last block, and what the block wrote reaches the next kernel through
 // the kernel boundary (its PDL wait returns once this kernel is complete and its writes visible).
 // For the same reason a block of a larger grid fences its writes before it counts only when
-// on_last reads what other blocks wrote (kOrdered: the Lamport state reads the error word); the
+// on_last reads what other blocks wrote with plain stores (kOrdered; the Lamport state reads only
+// the error word, written by atomics: lamport.cuh end_lamport_call); the
 // fence waits for the block's stores to peers to be acknowledged over NVLink, most of the ~1 us
 // a several-block grid spent counting (trace, 2x H200: 8 blocks 0.9-1.0 us, 1 block 0.15 us).
 template <bool kOrdered = true, typename OnLast>

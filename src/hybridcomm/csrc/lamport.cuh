@@ -175,11 +175,17 @@ __device__ __forceinline__ void refill_previous_slot(const LamportCall& lc) {
 // one block, whole areas.) Ranks that ran different protocols in one call get out of step for
 // good: see docs/lamport.md.
 //
-// The error word is read after a fence only in a grid of several blocks (other blocks' errors,
-// published by their fence and count in end_call); a one-block grid's own threads recorded
-// theirs before end_call's barriers, which make them visible to thread 0.
+// The error word is read after a fence only in a grid of several blocks (other blocks' errors);
+// a one-block grid's own threads recorded theirs before end_call's barriers, which make them
+// visible to thread 0. Blocks need no fence of their own before they count (end_call's
+// kOrdered): the error word is written only by atomicCAS (CallCtx::fail, fingerprint_disagrees),
+// which the recording thread waits for -- it tests the returned value -- before it reaches
+// end_call's barrier and its block's count, and the winner fences it too; so a last block that
+// has counted every block, then fences, reads every recorded error. The fence in every block cost
+// the multi-block Lamport calls ~1 us: it waits for the block's NVLink stores to be acknowledged
+// (trace, 2x H200, quant_lamport fp8 1 token: last-block count 1.8 us, LL's 0.65).
 __device__ __forceinline__ void end_lamport_call(const LamportCall& lc, int64_t used_units) {
-  end_call(lc.cx, [&] {
+  end_call</*kOrdered=*/false>(lc.cx, [&] {
     const GroupArgs& g = lc.cx.g;
     if (lc.refill_whole) {
       const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);

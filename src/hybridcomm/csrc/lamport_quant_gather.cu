@@ -11,8 +11,9 @@
 //
 //   phase 0 (partial rows, tp > 1): unchanged from quant_gather.cu: LL lanes to the owner
 //           (fused: to every tp peer), in LL area 0.
-//   per row (one block): staged, quantized two lanes (one unit) per thread; my copy stored,
-//           the units put to every peer.
+//   per row (one block): in registers (fused: staged), one lane quantized per thread; even
+//           threads put a unit (their lane and the next thread's), the scale lanes go as
+//           8-byte unit halves; my copy stored.
 //   phase 1: every rank waits for the units of the rows it does not own and stores them.
 //
 // Reserved pattern (docs/quantization.md): no wire word may be the sentinel 0xFFFFFFFF. fp8
@@ -78,46 +79,66 @@ __device__ __forceinline__ TokenShape quant_token_shape(const LamportCall& lc, i
   return TokenShape{tp, g.nranks / tp, g.me / tp, g.me % tp, rc, io.row_lanes};
 }
 
-// The staged row r quantized: into my output and, as units, into every peer's area from me.
-template <int F>
-__device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, int64_t r,
-                                                  const float* row, uint8_t* scale_bytes, float global_scale,
-                                                  const WireUnits& w, float* warp_buf) {
-  const int64_t o = s.rc.offset[s.d] + r;
-  const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
-  quantize_row<F, 2>(row, scale_bytes, w.out.data_lanes, w.out.scale_bytes, global_scale, warp_buf,
-                     [&](int64_t u, const uint2(&v)[2]) {
-                       const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
-                       w.store(o, u, unit);
-                       const uint4 wire = u < w.data_units ? wire_swap<F>(unit, true) : unit;
-                       lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
-                     });
+// Half of a 16-byte unit (8 bytes, an aligned pair of words). The receiver polls the whole unit
+// until none of its words is the sentinel, so the two halves may land from two stores: the
+// scale lanes travel so, each formed in the warp that holds its data lanes (quant_rows.cuh).
+__device__ __forceinline__ void put_half_unit(uint4* unit, int half, uint2 v) {
+  asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(reinterpret_cast<uint2*>(unit) + half), "r"(v.x),
+               "r"(v.y)
+               : "memory");
 }
 
-template <typename T, int F>
+// Row r of my group quantized from my lanes' values x: into my output and, as units, into every
+// peer's area from me (data: one unit, two lanes, per even thread; scales: 8-byte halves).
+template <int F, int KL>
+__device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, int64_t r,
+                                                  const RowValues<F, KL>& x, float global_scale, const WireUnits& w,
+                                                  float* warp_buf) {
+  const int64_t o = s.rc.offset[s.d] + r;
+  const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
+  quantize_and_emit<F, 2>(
+      x, w.out.data_lanes, 2 * (w.wire_units - w.data_units), global_scale, warp_buf,
+      [&](int64_t u, const uint2(&v)[2]) {
+        const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
+        w.store(o, u, unit);
+        const uint4 wire = wire_swap<F>(unit, true);
+        lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
+      },
+      [&](int64_t sl, uint2 v) {
+        if (o < w.out.out_rows) w.out.store_scales(o, sl * 8, v);
+        const int64_t u = w.data_units + sl / 2;
+        lc.cx.everyone().for_each_other([&](int peer) { put_half_unit(lc.outbox(peer) + base + u, (int)(sl % 2), v); });
+      });
+}
+
+template <typename T, int F, int KL>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int tp, int partial,
                          const uint2* __restrict__ in, const uint2* __restrict__ residual,
                          const uint2* __restrict__ weight, uint2* __restrict__ residual_out, float eps,
                          const float* __restrict__ global_scale_ptr, WireUnits w, RowsArg io) {
-  extern __shared__ float4 staged_[];  // the row's fp32 values, then its scale bytes
+  extern __shared__ float4 staged_[];  // a fused row's fp32 values (stage_row)
   float* row = reinterpret_cast<float*>(staged_);
-  uint8_t* scale_bytes = reinterpret_cast<uint8_t*>(row + io.row_lanes * Lane<T>::kN);
   __shared__ float warp_buf[kThreads / 32];
 
   LamportCall lc = begin_lamport_call(g, l, op);
-  const uint2 early = early_lane(in, io, tp);
   const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
+  // Loaded before the counts and arrive(): their latency overlaps the prologue's.
+  const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
+  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // The algorithm field holds the Lamport slot, so the format and the fusion go in the width's
   // high byte (row bytes are below 2^16).
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
                                  (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
-  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  stage_my_rows<T>(lc.cx, s, reduce, fused, in, early, residual, weight, residual_out, eps, io, row, warp_buf,
-                   [&](int64_t r) { put_quantized_row<F>(lc, s, r, row, scale_bytes, global_scale, w, warp_buf); });
+  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
+                          w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
+                            put_quantized_row<F, KL>(lc, s, r, x, global_scale, w, warp_buf);
+                          });
+  HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
+  HC_TRACE_EVENT(kTraceRefilled);
   // Phase 1: the units of the rows other ranks own.
   for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t j) {
     // The owner's area rows start at its chunk's first row (tp rank owner % tp of DP group owner / tp).
@@ -145,10 +166,13 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = blocks_for(out_rows * w.wire_units, *g);
-    status = launch_kernel_smem(lamport_quant_gather<Elem, Fmt>, blocks, kThreads, quant_staging_bytes(hidden),
-                                stream, pdl, *g, *l, op, tp, partial, (const uint2*)in, (const uint2*)residual,
-                                (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);
+    const int blocks = quant_blocks(io, *g, tp, weight != nullptr, w.wire_units);
+    status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
+      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
+                                quant_staging_bytes(hidden), stream, pdl, *g, *l, op, tp, partial, (const uint2*)in,
+                                (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
+                                w, io);
+    });
   }));
   return status;
 }

@@ -7,7 +7,8 @@
 //   phase 0 (partial rows, tp > 1): lanes of a row go to its owner (fused: to every tp peer,
 //           as all of them write the residual output); the owner sums them in tp order.
 //   per row (one block): fp32 values rounded once to T (after the fused add + RMSNorm, in
-//           gather_tokens.cu's order), staged in shared memory; the owner quantizes, pushes.
+//           gather_tokens.cu's order), in registers (fused: through shared memory); the owner
+//           quantizes, pushes.
 //   phase 1: every rank copies the wire rows it does not own into data / scales.
 //
 // Device-side counts, capacity checks and bounded waits as in gather_tokens.cu.
@@ -34,47 +35,52 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
   return WireRows{out, out.data_lanes + (out.scale_bytes + 7) / 8};
 }
 
-// The staged row r quantized: into my output and to every other rank (area 1, at the row's
-// group-local wire lanes).
-template <int F>
+// Row r of my group quantized from my lanes' values x: into my output and to every other rank
+// (area 1, at the row's group-local wire lanes). Called by the whole block.
+template <int F, int KL>
 __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, int64_t r,
-                                                   const float* row, uint8_t* scale_bytes, float global_scale,
-                                                   const WireRows& w, float* warp_buf) {
+                                                   const RowValues<F, KL>& x, float global_scale, const WireRows& w,
+                                                   float* warp_buf) {
   const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;
-  quantize_row<F, 1>(row, scale_bytes, w.out.data_lanes, w.out.scale_bytes, global_scale, warp_buf,
-                     [&](int64_t l, const uint2(&v)[1]) {
-                       w.store(o, l, v[0]);
-                       push_to_peers(cx, cx.everyone(), 1, base + l, v[0]);
-                     });
+  const auto emit = [&](int64_t l, uint2 v) {
+    w.store(o, l, v);
+    push_to_peers(cx, cx.everyone(), 1, base + l, v);
+  };
+  quantize_and_emit<F, 1>(
+      x, w.out.data_lanes, w.wire_lanes - w.out.data_lanes, global_scale, warp_buf,
+      [&](int64_t l, const uint2(&v)[1]) { emit(l, v[0]); },
+      [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
 
-template <typename T, int F>
+template <typename T, int F, int KL>
 __global__ void __launch_bounds__(kThreads)
     quant_gather(GroupArgs g, int op, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                  uint2* __restrict__ residual_out, float eps, const float* __restrict__ global_scale_ptr,
                  WireRows w, RowsArg io) {
-  extern __shared__ float4 staged_[];  // the row's fp32 values, then its scale bytes
+  extern __shared__ float4 staged_[];  // a fused row's fp32 values (stage_row)
   float* row = reinterpret_cast<float*>(staged_);
-  uint8_t* scale_bytes = reinterpret_cast<uint8_t*>(row + io.row_lanes * Lane<T>::kN);
   __shared__ float warp_buf[kThreads / 32];
 
   CallCtx cx = begin_call(g, op);
-  const uint2 early = early_lane(in, io, tp);
+  // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
+  // null pointer, so it cannot tell).
+  const bool fused = weight != nullptr, reduce = partial && tp > 1;
+  // Loaded before the counts and arrive(): their latency overlaps the prologue's.
+  const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
+  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
   check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
-  // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
-  // null pointer, so it cannot tell).
-  const bool fused = weight != nullptr, reduce = partial && tp > 1;
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused), s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
-  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  stage_my_rows<T>(cx, s, reduce, fused, in, early, residual, weight, residual_out, eps, io, row, warp_buf, [&](int64_t r) {
-    push_quantized_row<F>(cx, s, r, row, scale_bytes, global_scale, w, warp_buf);
-  });
+  stage_my_rows<T, F, KL>(cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
+                          w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
+                            push_quantized_row<F, KL>(cx, s, r, x, global_scale, w, warp_buf);
+                          });
+  HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own.
   for_each_foreign_item(s, g.me, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j) {
     w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
@@ -102,10 +108,13 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int format, int dtype, int tp
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = blocks_for(out_rows * w.wire_lanes, *g);
-    status = launch_kernel_smem(quant_gather<Elem, Fmt>, blocks, kThreads, quant_staging_bytes(hidden), stream, pdl,
-                                *g, op, tp, partial, (const uint2*)in, (const uint2*)residual, (const uint2*)weight,
-                                (uint2*)residual_out, eps, global_scale, w, io);
+    const int blocks = quant_blocks(io, *g, tp, weight != nullptr, w.wire_lanes);
+    status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
+      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
+                                quant_staging_bytes(hidden), stream, pdl, *g, op, tp, partial, (const uint2*)in,
+                                (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
+                                w, io);
+    });
   }));
   return status;
 }

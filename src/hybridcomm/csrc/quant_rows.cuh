@@ -8,6 +8,8 @@
 // (arguments.split_evenly); the owner quantizes the row and sends it to every other rank.
 #pragma once
 
+#include <type_traits>
+
 #include "block_reduce.cuh"
 #include "launch.cuh"
 #include "quant.cuh"
@@ -52,131 +54,218 @@ __device__ __forceinline__ int owner_of(const TokenShape& s, int d, int64_t j) {
 
 __device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { return s.rc.holder(o, s.dp, 1); }
 
-// Data lanes l0 .. l0 + K - 1 of a staged row, quantized into out (zeros for lanes at or past
-// data_lanes); block formats also write their blocks' scales to the staged scale bytes (fp8 per
-// token: `row_scale` is the row's). Whole warps call this (fp8_block128 shuffles: a block is 16
-// lanes, held by 16 / K consecutive threads in the same iteration).
-template <int F, int K>
-__device__ __forceinline__ void quantize_lanes(const float* row, int64_t l0, int64_t data_lanes, float global_scale,
-                                               Fp8Scale row_scale, uint8_t* scale_bytes, uint2 (&out)[K]) {
-  constexpr int N = QuantTraits<F>::kPerLane;
-  float v[K][N];
-  float amax[K];
+// -- a row in registers ----------------------------------------------------------------------------
+// Thread x of the block holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
+// hidden size up to kMaxQuantHidden) of the row it works on: their input as loaded, then their
+// fp32 values. Kernels are instantiated per KL = ceil(data lanes / kThreads)
+// (with_lanes_per_thread): a thread's registers hold no lane a row cannot have (the kernels
+// already needed ~124 registers; at the largest KL for every hidden size, bf16 ones spilled).
+// Registers rather than a row staged in shared memory: the input of a block's first row is
+// loaded before arrive() (as rows.cuh's EarlyInput), the next row's while this one is quantized,
+// and a thread quantizes the values it loaded (trace, 2x H200, fp8 1 token: staging the row through
+// shared memory, the row max over it and a barrier before the scale lane took ~3 us of the ~4.3 us
+// from arrive() to sent). Consecutive threads hold consecutive lanes, so the block formats' blocks
+// (16 lanes of fp8_block128) and the wire's scale lanes and Lamport units are formed by warp
+// shuffles, never through shared memory.
+template <int F>
+constexpr int kLanesPerThread = (kMaxQuantHidden / QuantTraits<F>::kPerLane + kThreads - 1) / kThreads;
+
+// Data lane k of this thread (k < KL).
+__device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)threadIdx.x + (int64_t)k * kThreads; }
+
+// The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded.
+template <typename T, int F, int KL>
+struct RowInput {
+  static constexpr int kK = KL, kIn = QuantTraits<F>::kPerLane / Lane<T>::kN;
+  uint2 raw[kK][kIn];
+};
+
+// Row r of `in` (zeros at in_rows and beyond, and past data_lanes): the input of my data lanes.
+template <typename T, int F, int KL>
+__device__ __forceinline__ RowInput<T, F, KL> load_row_input(const uint2* __restrict__ in, int64_t r, const RowsArg& io,
+                                                         int64_t data_lanes) {
+  using In = RowInput<T, F, KL>;
+  In x;
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const bool active = l0 + k < data_lanes;
+  for (int k = 0; k < In::kK; ++k) {
+    const int64_t l = my_lane(k);
+    const bool ok = r < io.in_rows && l < data_lanes;
+#pragma unroll
+    for (int j = 0; j < In::kIn; ++j) x.raw[k][j] = ok ? in[r * io.row_lanes + l * In::kIn + j] : make_uint2(0, 0);
+  }
+  return x;
+}
+
+// The fp32 values of a thread's data lanes (zeros past the row's).
+template <int F, int KL>
+struct RowValues {
+  static constexpr int kK = KL, kN = QuantTraits<F>::kPerLane;
+  float v[kK][kN];
+};
+
+// My input lanes' values: summed over tp (reduce: the partial lanes of my DP group's other tp
+// ranks arrive in LL area 0, summed in tp order and rounded once to T, as stage_row does), or
+// as they are. Row r of my group; `x` its input, loaded by load_row_input.
+template <typename T, int F, int KL>
+__device__ __forceinline__ RowValues<F, KL> row_values(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
+                                                       RowInput<T, F, KL> x, int64_t data_lanes) {
+  using In = RowInput<T, F, KL>;
+  constexpr int kN = Lane<T>::kN;
+  if (reduce) {
+    // One wait at a time, in a loop that is not unrolled: one copy of the wait's code (unrolled,
+    // its copies made ptxas take minutes and spill); the lane is read and written back by
+    // selection, so x stays in registers.
+#pragma unroll 1
+    for (int q = 0; q < KL * In::kIn; ++q) {
+      if (my_lane(q / In::kIn) >= data_lanes) continue;
+      uint2 local = x.raw[0][0];
+#pragma unroll
+      for (int p = 1; p < KL * In::kIn; ++p) local = p == q ? x.raw[p / In::kIn][p % In::kIn] : local;
+      float acc[4];
+      sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, (r * data_lanes + my_lane(q / In::kIn)) * In::kIn + q % In::kIn,
+                     local, acc);
+      const uint2 sum = Lane<T>::pack(acc);  // rounded once to T
+#pragma unroll
+      for (int p = 0; p < KL * In::kIn; ++p) {
+        if (p == q) x.raw[p / In::kIn][p % In::kIn] = sum;
+      }
+    }
+  }
+  RowValues<F, KL> out;
+#pragma unroll
+  for (int k = 0; k < KL; ++k) {
+#pragma unroll
+    for (int j = 0; j < In::kIn; ++j) {
+      float v[4];
+      Lane<T>::unpack(x.raw[k][j], v);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) out.v[k][j * kN + e] = v[e];
+    }
+  }
+  return out;
+}
+
+// My data lanes' values of the row staged in shared memory (the fused path: stage_row).
+template <int F, int KL>
+__device__ __forceinline__ RowValues<F, KL> staged_values(const float* row, int64_t data_lanes) {
+  using Values = RowValues<F, KL>;
+  Values out;
+#pragma unroll
+  for (int k = 0; k < KL; ++k) {
+    const bool ok = my_lane(k) < data_lanes;
+#pragma unroll
+    for (int e = 0; e < Values::kN; ++e) out.v[k][e] = ok ? row[my_lane(k) * Values::kN + e] : 0.f;
+  }
+  return out;
+}
+
+// -- quantize and emit ---------------------------------------------------------------------------
+
+// Data lanes per 8-byte scale lane of the wire (fp8: lane 0 holds the token's scale; nvfp4: one
+// e4m3 byte per data lane; fp8_block128: one fp32 per 16 data lanes): scale lane s is formed and
+// emitted by the thread holding data lane s * kScaleLaneStride.
+template <int F>
+constexpr int kScaleLaneStride = F == kQuantNvfp4 ? 8 : F == kQuantFp8Block128 ? 32 : 1;
+
+// The scale lane starting at my data lane l (of a warp's consecutive lanes l - lane % stride ..),
+// formed by shuffles: every thread of the warp calls this. `scale_bits`: my lane's scale (nvfp4:
+// its e4m3 byte; fp8_block128: its block's fp32 bits; fp8: the token's fp32 bits), zero for
+// lanes past the row's, so the lane's padding is zero.
+template <int F>
+__device__ __forceinline__ uint2 scale_lane_at(int64_t l, uint32_t scale_bits) {
+  if constexpr (F == kQuantNvfp4) {  // bytes of 8 consecutive lanes
+    const int b = (int)(l & 7);
+    uint32_t lo = b < 4 ? scale_bits << (8 * b) : 0u, hi = b < 4 ? 0u : scale_bits << (8 * (b - 4));
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) {
+      lo |= __shfl_xor_sync(0xffffffffu, lo, m);
+      hi |= __shfl_xor_sync(0xffffffffu, hi, m);
+    }
+    return make_uint2(lo, hi);
+  } else if constexpr (F == kQuantFp8Block128) {  // this block's scale and the next one's (16 lanes on)
+    return make_uint2(scale_bits, __shfl_down_sync(0xffffffffu, scale_bits, 16));
+  } else {  // the token's scale in scale lane 0; lane 1 (a Lamport unit's second half) is padding
+    return make_uint2(l == 0 ? scale_bits : 0u, 0u);
+  }
+}
+
+// My data lanes of a row (values x) quantized and emitted, K lanes an item: emit_data(i, v) with v
+// data lanes K*i .. K*i + K - 1 (zeros past data_lanes; K = 2: the partner lane comes from the
+// next thread by a shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale
+// lanes s < scale_lanes (8 bytes each; zeros past the row's scale bytes). One block max for fp8
+// (the token's amax); the block formats' scales come from shuffles. Every thread of the block
+// calls this (block max, shuffles); no barrier follows the emits.
+template <int F, int K, int KL, typename EmitData, typename EmitScale>
+__device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int64_t data_lanes, int64_t scale_lanes,
+                                                  float global_scale, float* warp_buf, EmitData emit_data,
+                                                  EmitScale emit_scale) {
+  static_assert(K == 1 || K == 2, "an item is one lane or a pair of lanes");
+  constexpr int kK = KL, kN = RowValues<F, KL>::kN;
+  float amax[kK];
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
     amax[k] = 0.f;
 #pragma unroll
-    for (int e = 0; e < N; ++e) {
-      v[k][e] = active ? row[(l0 + k) * N + e] : 0.f;
-      amax[k] = fmaxf(amax[k], fabsf(v[k][e]));
-    }
+    for (int e = 0; e < kN; ++e) amax[k] = fmaxf(amax[k], fabsf(x.v[k][e]));
   }
-  if constexpr (F == kQuantNvfp4) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {  // a lane is exactly one 16-block
-      const Nvfp4Scale sc = nvfp4_scale(amax[k], global_scale);
-      if (l0 + k < data_lanes) scale_bytes[l0 + k] = sc.sf;
-      uint32_t w[2] = {0u, 0u};
-#pragma unroll
-      for (int e = 0; e < N; ++e) w[e / 8] |= nvfp4_code(v[k][e], sc.inv) << (4 * (e % 8));
-      out[k] = make_uint2(w[0], w[1]);
-    }
-  } else {
-    Fp8Scale sc = row_scale;
-    if constexpr (F == kQuantFp8Block128) {
-      float a = amax[0];
-#pragma unroll
-      for (int k = 1; k < K; ++k) a = fmaxf(a, amax[k]);
-      sc = fp8_scale(group_max(a, 16 / K));
-      if (l0 < data_lanes && l0 % 16 == 0) *reinterpret_cast<float*>(scale_bytes + (l0 / 16) * 4) = sc.scale;
-    }
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      uint32_t w[2] = {0u, 0u};
-#pragma unroll
-      for (int e = 0; e < N; ++e) w[e / 4] |= (uint32_t)fp8_code(v[k][e], sc.inv) << (8 * (e % 4));
-      out[k] = make_uint2(w[0], w[1]);
-    }
-  }
-}
-
-// fp8 (one scale per token): the staged row's scale, also written to the staged scale bytes;
-// other formats: unused. Every thread of the block calls it (a block reduction).
-template <int F>
-__device__ __forceinline__ Fp8Scale row_fp8_scale(const float* row, int64_t elements, uint8_t* scale_bytes,
-                                                  float* warp_buf) {
-  Fp8Scale row_scale{0.f, 0.f};
+  Fp8Scale token{0.f, 0.f};
   if constexpr (F == kQuantFp8) {
-    float amax = 0.f;
-    for (int64_t e = threadIdx.x; e < elements; e += blockDim.x) amax = fmaxf(amax, fabsf(row[e]));
-    row_scale = fp8_scale(block_max(amax, warp_buf));
-    if (threadIdx.x == 0) *reinterpret_cast<float*>(scale_bytes) = row_scale.scale;
-  }
-  return row_scale;
-}
-
-// Scale lane l (counted from the first scale lane) of the staged scale bytes; zeros past nbytes.
-__device__ __forceinline__ uint2 scale_lane(const uint8_t* scale_bytes, int64_t l, int64_t nbytes) {
-  uint2 v = make_uint2(0, 0);
-  uint8_t* b = reinterpret_cast<uint8_t*>(&v);
+    float a = amax[0];
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
-    if (l * 8 + k < nbytes) b[k] = scale_bytes[l * 8 + k];
-  return v;
-}
-
-// The staged row (complete once every thread arrives here) quantized, K lanes an item: emit(i, v)
-// with v the item's K lanes, first the data items (i < ceil(data_lanes / K); data lanes K*i ..),
-// then the scale items (the staged scale bytes, 8K a item, zeros past nscale_bytes), numbered on
-// from the data items. The kernels' emit stores the item and sends it. Every thread calls this.
-template <int F, int K, typename Emit>
-__device__ __forceinline__ void quantize_row(const float* row, uint8_t* scale_bytes, int64_t data_lanes,
-                                             int64_t nscale_bytes, float global_scale, float* warp_buf, Emit emit) {
-  __syncthreads();  // the staged row is complete
-  const Fp8Scale row_scale = row_fp8_scale<F>(row, data_lanes * 8, scale_bytes, warp_buf);
-  const int64_t data_items = (data_lanes + K - 1) / K;
-  const int64_t warp_items = (data_items + 31) / 32 * 32;  // whole warps (see quantize_lanes)
-  for (int64_t i = threadIdx.x; i < warp_items; i += blockDim.x) {
-    uint2 v[K];
-    quantize_lanes<F, K>(row, K * i, data_lanes, global_scale, row_scale, scale_bytes, v);
-    if (i < data_items) emit(i, v);
+    for (int k = 1; k < kK; ++k) a = fmaxf(a, amax[k]);
+    token = fp8_scale(block_max(a, warp_buf));
   }
-  __syncthreads();  // the staged scale bytes are complete
-  const int64_t scale_items = (nscale_bytes + 8 * K - 1) / (8 * K);
-  for (int64_t i = threadIdx.x; i < scale_items; i += blockDim.x) {
-    uint2 v[K];
 #pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = scale_lane(scale_bytes, K * i + k, nscale_bytes);
-    emit(data_items + i, v);
+  for (int k = 0; k < kK; ++k) {
+    if ((int64_t)k * kThreads >= data_lanes) break;  // uniform over the block
+    const int64_t l = my_lane(k);
+    const bool mine = l < data_lanes;
+    uint32_t w[2] = {0u, 0u}, scale_bits;
+    if constexpr (F == kQuantNvfp4) {  // a lane is exactly one 16-block
+      const Nvfp4Scale sc = nvfp4_scale(amax[k], global_scale);
+#pragma unroll
+      for (int e = 0; e < kN; ++e) w[e / 8] |= nvfp4_code(x.v[k][e], sc.inv) << (4 * (e % 8));
+      scale_bits = sc.sf;
+    } else {
+      const Fp8Scale sc = F == kQuantFp8Block128 ? fp8_scale(group_max(amax[k], 16)) : token;
+#pragma unroll
+      for (int e = 0; e < kN; ++e) w[e / 4] |= (uint32_t)fp8_code(x.v[k][e], sc.inv) << (8 * (e % 4));
+      scale_bits = __float_as_uint(sc.scale);
+    }
+    const uint2 lane = mine ? make_uint2(w[0], w[1]) : make_uint2(0, 0);
+    if constexpr (K == 1) {
+      if (mine) emit_data(l, {lane});
+    } else {
+      const uint2 next = make_uint2(__shfl_down_sync(0xffffffffu, lane.x, 1), __shfl_down_sync(0xffffffffu, lane.y, 1));
+      if (mine && l % 2 == 0) emit_data(l / 2, {lane, next});  // (past the row's, next is zero)
+    }
+    const uint2 scales = scale_lane_at<F>(l, mine ? scale_bits : 0u);
+    const int64_t sl = l / kScaleLaneStride<F>;
+    if (l % kScaleLaneStride<F> == 0 && sl < scale_lanes) emit_scale(sl, scales);
   }
-  __syncthreads();  // the staged row is reused by the next row
-}
-
-// This thread's first lane of its block's first row, loaded early: right after the PDL wait,
-// before the counts and arrive(), so its latency overlaps theirs (as rows.cuh EarlyInput). Only
-// where that row is known without the counts, tp == 1 (a block stages rows blockIdx.x,
-// blockIdx.x + gridDim.x, ...: stage_my_rows); elsewhere unused (zero).
-__device__ __forceinline__ uint2 early_lane(const uint2* __restrict__ in, const RowsArg& io, int tp) {
-  const int64_t i = (int64_t)blockIdx.x * io.row_lanes + threadIdx.x;
-  return tp == 1 && threadIdx.x < io.row_lanes && i < io.in_lanes() ? in[i] : make_uint2(0, 0);
 }
 
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
-template <typename T>
+// `early`: with tp == 1, row blockIdx.x's lanes of this thread, loaded before arrive()
+// (early_row_input: lane threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]).
+template <typename T, int F, int KL>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
-                                          const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
-                                          const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
-                                          float eps, const RowsArg& io, float* row, float* warp_buf) {
+                                          const uint2* __restrict__ in, const RowInput<T, F, KL>& early,
+                                          const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                                          uint2* __restrict__ residual_out, float eps, const RowsArg& io, float* row,
+                                          float* warp_buf) {
+  using In = RowInput<T, F, KL>;
   constexpr int kN = Lane<T>::kN;
   const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = s.tp == 1 && r == blockIdx.x;
   float sumsq = 0.f;
-  for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x) {
+  int m = 0;  // (kThreads == blockDim.x)
+  for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x, ++m) {
     const int64_t i = r * s.row_lanes + l;
-    const bool first = early_row && l == threadIdx.x;  // its first lane came early (early_lane)
-    const uint2 local = first ? early : in_bounds ? in[i] : make_uint2(0, 0);
+    uint2 local = in_bounds && !early_row ? in[i] : make_uint2(0, 0);
+#pragma unroll
+    for (int p = 0; p < KL * In::kIn; ++p) local = early_row && p == m ? early.raw[p / In::kIn][p % In::kIn] : local;
     float acc[4];
     if (reduce) sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, i, local, acc);
     else Lane<T>::unpack(local, acc);
@@ -226,20 +315,55 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
   }
 }
 
+// The input of this block's first row, loaded before the counts and arrive() where its index is
+// known without the counts: my rows start at row 0 when tp == 1 (else stage_my_rows loads it, or,
+// fused, stage_row). Rows not fused: my data lanes (load_row_input); fused: the lanes stage_row
+// reads, threadIdx.x + m * kThreads (m < KL * kIn: the row has KL * kIn * kThreads lanes at most),
+// in raw[m / kIn][m % kIn].
+template <typename T, int F, int KL>
+__device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __restrict__ in, int tp, bool fused,
+                                                              const RowsArg& io, int64_t data_lanes) {
+  using In = RowInput<T, F, KL>;
+  if (tp != 1) return In{};
+  if (!fused) return load_row_input<T, F, KL>(in, blockIdx.x, io, data_lanes);
+  In x;
+  const int64_t r = blockIdx.x;
+#pragma unroll
+  for (int m = 0; m < KL * In::kIn; ++m) {
+    const int64_t l = (int64_t)threadIdx.x + (int64_t)m * kThreads;
+    x.raw[m / In::kIn][m % In::kIn] = r < io.in_rows && l < io.row_lanes ? in[r * io.row_lanes + l] : make_uint2(0, 0);
+  }
+  return x;
+}
+
 // Phase 0 and the rows of both kernels: my partial lanes sent (reduce), then one block per row I
 // stage -- every row of my group when fused (the residual output), else my chunk -- and for the
-// rows I own, send(r) (called by the whole block) quantizes and sends the staged row.
-template <typename T, typename Send>
+// rows I own, send(r, x) (called by the whole block, x: my lanes' values) quantizes and sends
+// the row. `next`: early_row_input's. Not fused, a row is loaded into registers while the
+// previous one is quantized and sent; fused, it is staged in shared memory (stage_row: the
+// norm's sum runs in gather_fused's order, over lanes strided by the block).
+template <typename T, int F, int KL, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
-                                              const uint2* __restrict__ in, uint2 early, const uint2* __restrict__ residual,
+                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
-                                              float eps, const RowsArg& io, float* row, float* warp_buf, Send send) {
-  if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
+                                              float eps, const RowsArg& io, int64_t data_lanes, RowInput<T, F, KL> next,
+                                              float* row, float* warp_buf, Send send) {
   const int64_t rows = s.rc.count(s.d);
   const int64_t first = fused ? 0 : chunk_begin(rows, s.t, s.tp), last = fused ? rows : chunk_begin(rows, s.t + 1, s.tp);
+  if (!fused && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
+  if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
-    stage_row<T>(cx, s, reduce, r, in, early, residual, weight, residual_out, eps, io, row, warp_buf);
-    if (chunk_owner(r, rows, s.tp) == s.t) send(r);  // uniform over the block
+    if (fused) {
+      stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
+      __syncthreads();  // the staged row is complete
+      const RowValues<F, KL> x = staged_values<F, KL>(row, data_lanes);
+      __syncthreads();  // read: the next row may be staged
+      if (chunk_owner(r, rows, s.tp) == s.t) send(r, x);  // uniform over the block
+    } else {
+      const RowInput<T, F, KL> input = next;
+      if (r + gridDim.x < last) next = load_row_input<T, F, KL>(in, r + gridDim.x, io, data_lanes);
+      send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes));  // (my chunk: all mine)
+    }
   }
 }
 
@@ -263,8 +387,44 @@ __device__ __forceinline__ int quant_fields(bool fused) {
   return F | (fused ? 4 : 0);
 }
 
-// Dynamic shared memory of both kernels: the staged row (fp32), then its scale bytes.
-inline size_t quant_staging_bytes(int64_t hidden) { return (size_t)hidden * sizeof(float) + (size_t)hidden / 4 + 16; }
+// Dynamic shared memory of both kernels: a fused row, staged (fp32).
+inline size_t quant_staging_bytes(int64_t hidden) { return (size_t)hidden * sizeof(float); }
+
+// launch(std::integral_constant<int, KL>{}) with KL the data lanes per thread of rows of
+// `data_lanes` lanes (1 .. kLanesPerThread<F>; the kernels' instances).
+template <int F, typename Launch>
+int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
+  const int64_t kl = ceil_div(data_lanes, kThreads);
+  if (kl <= 1) return launch(std::integral_constant<int, 1>{});
+  if constexpr (kLanesPerThread<F> >= 2) {
+    if (kl == 2) return launch(std::integral_constant<int, 2>{});
+  }
+  if constexpr (kLanesPerThread<F> >= 3) {
+    if (kl == 3) return launch(std::integral_constant<int, 3>{});
+  }
+  static_assert(kLanesPerThread<F> <= 3, "an instance per lane count");
+  return (int)cudaErrorInvalidValue;
+}
+
+// Both launchers' grid: at least one block per row a rank stages (a block works its rows one
+// after another; fused: every row of the DP group, else a 1/tp chunk), and enough threads for
+// one wire item (lane or unit) each of the rows it receives -- all but its own chunk, where the
+// counts are on the host (one block at 1 token: no count of blocks at the end, end_call) --
+// at most one block per SM (blocks_for).
+inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool fused, int64_t items_per_row) {
+  const int dp = g.nranks / tp;
+  const int64_t largest = grid_rows(io, dp, RowsSpan::kLargest, io.in_rows);
+  const int64_t staged = fused ? largest : ceil_div(largest, tp);
+  int64_t received = grid_rows(io, dp, RowsSpan::kAll, io.out_rows);
+  if (!io.sizes.device && !io.sizes.own) {  // my chunk (chunk_begin's cut) is not received
+    const int64_t group = io.sizes.host[g.me / tp] > 0 ? io.sizes.host[g.me / tp] : 0, t = g.me % tp;
+    const int64_t chunk = group * (t + 1) / tp - group * t / tp;
+    received = received > chunk ? received - chunk : 0;
+  }
+  const int by_rows = (int)(staged < g.max_blocks ? staged : g.max_blocks);
+  const int by_items = blocks_for(received * items_per_row, g);
+  return by_rows > by_items ? by_rows : by_items;
+}
 
 // The launchers' argument check (both take a hidden size, a tp and, for nvfp4, a global scale).
 inline bool quant_args_valid(const GroupArgs* g, int format, int tp, int64_t hidden, const float* global_scale) {
