@@ -101,18 +101,21 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # reference quantizer (many small kernels) -- the two all-gathers alone (nccl_ag_only) took
     # 93.6 us at that 28 MiB point -- and from ~1024 tokens/rank our LL kernel moves fp8 no faster
     # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us). The same kernel on the Lamport
-    # protocol (quant_lamport, csrc/lamport_quant_gather.cu: half the LL bytes, no flags) was
-    # measured SLOWER than LL at every point of its first run (2x H200, 2026-11-23 01:20, hidden
-    # 4096, fp8 / nvfp4, 1-512 tokens: DP2 fp8 11.6 vs 8.6 us at 1 token, 32.8 vs 25.8 at 512;
-    # its per-row staging and quantizing, not the wire, sets the time:
-    # results/2xH200/quant_lamport_first_2xH200.md), so LL keeps the table; the Lamport kernel
-    # stays forcible (table "lamport") and timed by bench quant (hc_quant_lamport).
+    # protocol (quant_lamport, csrc/lamport_quant_gather.cu: half the LL bytes, no flags), after
+    # both kernels got register rows (2x H200, 2026-11-23 02:15, results/2xH200/quant_2xH200.md,
+    # DP2 and TP2, hidden 4096 / 7168, 1-1024 tokens): LL wins or ties up to ~2 MiB everywhere
+    # (fp8 1 token 6.7 vs 8.6 us); from 3.5 MiB Lamport wins DP2 (fp8: 4 MiB 20.2 vs 22.0, 8 MiB
+    # 32.6 vs 43.9, 14 MiB 56.8 vs 67.8) while LL keeps TP2 by 2-7% (phase 0 is LL in both; 7 MiB
+    # 88.9 vs 90.4). One size rule cannot follow both: LL to 6 MiB (DP2 at 3.5-4.1 MiB loses 9-17%),
+    # Lamport above (TP2 at 7 MiB loses 2%). 4 GPUs: not measured with the Lamport kernel.
     "all_gather_v_quant": (
-        Rule(32 * MiB, "nvlink", "quant"),
+        Rule(6 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(32 * MiB, "nvlink", "quant"),
+        Rule(6 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     # Message = the world-partial input (all tokens). two_step: reduce_scatter_v over the world,
