@@ -26,12 +26,18 @@ import sys
 import time
 from datetime import timedelta
 
-CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes or tokens per DP rank)
+CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes or tokens per DP rank[, quant])
     ("all_reduce 2 KB, LL one-shot", "dp2", "dp4", "all_reduce", "one_shot", 2048),
     ("all_reduce 2 KB, Lamport one-shot", "dp2", "dp4", "all_reduce", "lamport", 2048),
     ("gather_tokens 16 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 16),
     ("gather_tokens 256 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 256),
     ("gather_tokens 16 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 16),
+    # The quantized gathers on Lamport (lamport_quant_gather.cu): a row per block at 128 tokens,
+    # several rows per block at 512; bf16 Lamport at 512 beside them.
+    ("gather_tokens 128 tokens, DP, quant fp8 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 128, "fp8"),
+    ("gather_tokens 512 tokens, DP, quant fp8 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "fp8"),
+    ("gather_tokens 512 tokens, DP, quant nvfp4 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "nvfp4"),
+    ("gather_tokens 512 tokens, DP, bf16 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512),
     # gather_tokens 256 tokens on dp2xtp2 hung under ncu's kernel replay on 4xH200 (2026-11-22,
     # cause not investigated); left out so the other profiles finish.
 ]
@@ -40,14 +46,19 @@ WARMUP = 20
 PEER_HEAD_START_S = 0.3  # rank 0 launches this long after its peers (see the module docstring)
 
 
-def _call(comm, op: str, size: int, device):
+def _call(comm, op: str, size: int, device, quant: str | None = None):
     import torch
+
+    from hybridcomm.bench.quant import GLOBAL_SCALE
 
     if op == "all_reduce":
         x = torch.randn(size // 2, dtype=torch.bfloat16, device=device)
         return lambda: comm.all_reduce(x)
     tokens = [size] * comm.layout.attn_dp
     x = torch.randn(size, HIDDEN, dtype=torch.bfloat16, device=device)
+    if quant:
+        scale = GLOBAL_SCALE if quant == "nvfp4" else None
+        return lambda: comm.gather_tokens(x, tokens, quant=quant, global_scale=scale)
     return lambda: comm.gather_tokens(x, tokens)
 
 
@@ -67,10 +78,10 @@ def worker(rank: int, world: int, port: int) -> None:
     # does not leave the others waiting.
     host = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
     cudart = torch.cuda.cudart()
-    for name, layout2, layout4, op, table, size in CASES:
+    for name, layout2, layout4, op, table, size, *quant in CASES:
         layout = hc.Layout.parse(layout2 if world == 2 else layout4)
-        comm = hc.Communicator(layout, table=NAMED_TABLES[table], workspace_bytes=8 << 20)
-        call = _call(comm, op, size, device)
+        comm = hc.Communicator(layout, table=NAMED_TABLES[table])
+        call = _call(comm, op, size, device, *quant)
         for _ in range(WARMUP):
             call()
         torch.cuda.synchronize()

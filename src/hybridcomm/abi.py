@@ -199,6 +199,8 @@ SIGNATURES = {
     "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_quant_gather": [_G, _L, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64,
                                 _I, _P],
+    # the quantizers' element conversions (element_codes.cu, for tests)
+    "hc_element_codes": [_I, _P, _P, _I64, _P],
     # Lamport one-shots (lamport_*.cu)
     "hc_lamport_all_reduce": [_G, _L, _I, _P, _P, _I64, _I, _P],
     "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],

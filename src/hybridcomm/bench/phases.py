@@ -56,6 +56,8 @@ CASES = (
     TraceCase("gather_tokens DP, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8"),
     TraceCase("gather_tokens DP, 128 tokens, quant fp8 LL", "gather_tokens", "quant_ll", 128, "fp8"),
     TraceCase("gather_tokens DP, 128 tokens, quant fp8 Lamport", "gather_tokens", "lamport", 128, "fp8"),
+    TraceCase("gather_tokens DP, 512 tokens, quant fp8 Lamport", "gather_tokens", "lamport", 512, "fp8"),
+    TraceCase("gather_tokens DP, 512 tokens, Lamport", "gather_tokens", "lamport", 512),
     TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 LL", "gather_tokens", "quant_ll", 16, "nvfp4"),
     TraceCase("gather_tokens DP, 16 tokens, quant nvfp4 Lamport", "gather_tokens", "lamport", 16, "nvfp4"),
     TraceCase("gather_tokens TP2, 1 token", "gather_tokens", "auto", 1, attn_tp=2),

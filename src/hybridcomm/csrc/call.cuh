@@ -19,6 +19,7 @@
 #pragma once
 
 #include "abi.h"
+#include "divide.cuh"
 #include "packet.cuh"
 #include "pdl.cuh"
 #include "trace.cuh"
@@ -99,7 +100,10 @@ struct Members {
   // f(member) for every other member, staggered from mine so that peers are not all hit at once.
   template <typename F>
   __device__ __forceinline__ void for_each_other(F f) const {
-    for (int k = 1; k < count; ++k) f(base + (self + k) % count);
+    for (int k = 1; k < count; ++k) {
+      const int m = self + k;  // (self + k) % count, without a division per peer
+      f(base + (m < count ? m : m - count));
+    }
   }
 };
 

@@ -155,9 +155,9 @@ __device__ __forceinline__ void refill_previous_slot(const LamportCall& lc) {
   const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);
   const int64_t per_area = lc.refill_units, total = per_area * (g.nranks - 1);
   for (int64_t j = grid_thread(); j < total; j += grid_threads()) {
-    const int k = (int)(j / per_area);
-    const int src = k < g.me ? k : k + 1;  // every member but me
-    lc.area(g.me, lc.refill_slot, src)[j - k * per_area] = sentinel;
+    const QuotRem at = divmod(j, per_area);
+    const int k = (int)at.q, src = k < g.me ? k : k + 1;  // every member but me
+    lc.area(g.me, lc.refill_slot, src)[at.r] = sentinel;
   }
 }
 

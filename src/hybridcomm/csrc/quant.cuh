@@ -1,11 +1,11 @@
 // Quantizers for the quantized gathers: bit-identical to hybridcomm.quant's reference
 // (docs/quantization.md). Every operation is one IEEE fp32 operation rounded to nearest-even,
 // written as an intrinsic (__fdiv_rn, __fmul_rn) so the compiler cannot contract or
-// approximate it. Both conversions are done in integer arithmetic, exactly as the reference
-// rounds: e4m3 like torch's .to(float8_e4m3fn) after the clamp to +-448 (CUDA documents
-// cvt.rn.satfinite.e4m3x2.f32 as nearest-even too, but others report it disagreeing with
-// torch at half-ulp boundaries on GPUs, and integer code cannot), e2m1 by the reference's
-// thresholds (Hopper has no fp4 conversion).
+// approximate it. e4m3 codes come from the hardware conversion (cvt.rn.satfinite.e4m3x2.f32,
+// two values an instruction): it equals the reference (torch's .to(float8_e4m3fn) after the
+// clamp to +-448, NaN -> 0x7f) on every one of the 2^32 fp32 inputs (tests/test_gpu_quant.py,
+// through element_codes.cu; it replaced ~10 integer instructions per value). e2m1 codes are
+// computed by the reference's thresholds (Hopper has no fp4 conversion).
 #pragma once
 
 #include <cuda_fp8.h>
@@ -27,18 +27,12 @@ template <> struct QuantTraits<kQuantNvfp4> { static constexpr int kBlock = 16, 
 
 // fp32 -> e4m3 (float8_e4m3fn), nearest-even, saturating to +-448; NaN -> 0x7f whatever its
 // sign, so no code is 0xFF (the Lamport sentinel's byte: docs/quantization.md "Reserved pattern").
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  const uint32_t bits = __float_as_uint(v), sign = (bits >> 24) & 0x80u;
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fu;
-  const uint32_t a = __float_as_uint(fminf(fabsf(v), kE4m3Max));
-  if (a < 0x3c800000u) {  // below 2^-6, the smallest normal: a multiple of 2^-9 (0..8; 8 is 2^-6)
-    return (uint8_t)(__float2uint_rn(__fmul_rn(__uint_as_float(a), 512.0f)) | sign);
-  }
-  // Keep 3 of the 23 mantissa bits, nearest-even (a carry moves into the exponent); rebias
-  // the exponent from 127 to 7: the code is (exponent << 3 | mantissa) - (120 << 3).
-  const uint32_t rounded = a + 0x7ffffu + ((a >> 20) & 1u);
-  return (uint8_t)(((rounded >> 20) - (120u << 3)) | sign);
+// Two values: lo's code in the low byte.
+__device__ __forceinline__ uint16_t to_e4m3x2(float lo, float hi) {
+  return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) { return (uint8_t)to_e4m3x2(v, 0.0f); }
 
 __device__ __forceinline__ float e4m3_value(uint8_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3)));
@@ -55,7 +49,10 @@ __device__ __forceinline__ Fp8Scale fp8_scale(float amax) {
   return Fp8Scale{scale, __fdiv_rn(1.0f, scale)};
 }
 
-__device__ __forceinline__ uint8_t fp8_code(float v, float inv) { return to_e4m3(__fmul_rn(v, inv)); }
+// The codes of two values scaled by inv (a's in the low byte).
+__device__ __forceinline__ uint32_t fp8_codes(float a, float b, float inv) {
+  return to_e4m3x2(__fmul_rn(a, inv), __fmul_rn(b, inv));
+}
 
 // nvfp4: the stored e4m3 scale of a 16-block and the multiplier of its values.
 struct Nvfp4Scale {

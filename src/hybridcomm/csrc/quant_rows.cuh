@@ -229,7 +229,7 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
     } else {
       const Fp8Scale sc = F == kQuantFp8Block128 ? fp8_scale(group_max(amax[k], 16)) : token;
 #pragma unroll
-      for (int e = 0; e < kN; ++e) w[e / 4] |= (uint32_t)fp8_code(x.v[k][e], sc.inv) << (8 * (e % 4));
+      for (int e = 0; e < kN; e += 2) w[e / 4] |= fp8_codes(x.v[k][e], x.v[k][e + 1], sc.inv) << (8 * (e % 4));
       scale_bits = __float_as_uint(sc.scale);
     }
     const uint2 lane = mine ? make_uint2(w[0], w[1]) : make_uint2(0, 0);
@@ -308,7 +308,7 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
   const int64_t rows = s.rc.count(s.d);
   for (int64_t i = grid_thread(); i < rows * s.row_lanes; i += grid_threads()) {
     const uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
-    const int owner = owner_of(s, s.d, i / s.row_lanes);
+    const int owner = owner_of(s, s.d, quot(i, s.row_lanes));
     s.tp_group().for_each_other([&](int peer) {
       if (fused || peer == owner) put_lane(cx, peer, 0, i, v);
     });
@@ -373,7 +373,8 @@ template <typename Receive>
 __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, int64_t items, Receive receive) {
   const int64_t total = s.rc.offset[s.dp] * items;
   for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
-    const int64_t o = x / items, k = x % items;
+    const QuotRem item = divmod(x, items);
+    const int64_t o = item.q, k = item.r;
     const int d = group_of_row(s, o);
     const int64_t j = o - s.rc.offset[d];
     const int owner = owner_of(s, d, j);

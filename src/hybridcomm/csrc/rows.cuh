@@ -174,12 +174,12 @@ __device__ __forceinline__ EarlyRows<V> early_rows(const V* __restrict__ in, int
 }
 
 // Rows [begin, end) of `rows` owned by part p of `parts` (the cut of arguments.split_evenly).
-__device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return rows * p / parts; }
+__device__ __forceinline__ int64_t chunk_begin(int64_t rows, int p, int parts) { return quot(rows * p, parts); }
 
 // Which part owns row r (< rows) of `rows` cut into `parts`: the largest p with
 // chunk_begin(rows, p, parts) <= r, i.e. p * rows < (r + 1) * parts.
 __device__ __forceinline__ int chunk_owner(int64_t r, int64_t rows, int parts) {
-  return (int)(((r + 1) * parts - 1) / rows);
+  return (int)quot((r + 1) * parts - 1, rows);
 }
 
 // The token transitions' view of the world group: ranks numbered rank = d * tp + t (DP group
@@ -207,7 +207,7 @@ __device__ __forceinline__ int group_of_lane(const TokenShape& s, int64_t o) { r
 
 // Rank holding chunk lane i of group d after a chunked phase.
 __device__ __forceinline__ int chunk_holder(const TokenShape& s, int d, int64_t i) {
-  return d * s.tp + chunk_owner(i / s.row_lanes, s.rc.count(d), s.tp);
+  return d * s.tp + chunk_owner(quot(i, s.row_lanes), s.rc.count(d), s.tp);
 }
 
 }  // namespace hc
