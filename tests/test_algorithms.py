@@ -33,6 +33,18 @@ def test_a_blocked_kernel_falls_back_to_nccl_with_the_reason():
     assert seen == ["one_shot"]
 
 
+def test_a_blocked_kernel_passes_the_call_to_the_next_rule_of_ours():
+    """One-shot cannot run it (say, the workspace): the Lamport rule, for larger messages, can."""
+    def blocked(algorithm):
+        return "too big for the workspace" if algorithm == "one_shot" else None
+
+    choice = choose("all_reduce", 2 * KiB, blocked, TABLE)
+    assert (choice.backend, choice.algorithm) == ("nvlink", "one_shot_lamport")
+    assert "one_shot blocked: too big for the workspace" in choice.reason
+    every = choose("all_reduce", 2 * KiB, lambda algorithm: f"{algorithm} cannot", TABLE)
+    assert (every.backend, every.reason) == ("nccl", "one_shot cannot")
+
+
 def test_every_op_has_an_unbounded_last_rule_and_increasing_limits():
     for op, rules in algorithms.TABLE.items():
         assert rules[-1].max_bytes is None, op

@@ -69,6 +69,38 @@ def test_model_hidden_size_and_rows_ending_in_half_a_unit(pool):
     _run_forced(pool, model_qcases(7168) + small, "quant_lamport")
 
 
+def _many_rows_qcases() -> list[QuantCase]:
+    """More rows than blocks (one per SM), so a block works several rows one after another, its
+    next row loaded while this one is quantized (quant_rows.cuh stage_my_rows): uneven groups, an
+    empty one, host and device-side counts (capacity 3 rows more), fused too; each within the
+    default workspace (the LL kernel: unquantized rows in half an area)."""
+    world = _world()
+    qcases = []
+    for lay in (Layout(world), Layout(world, attn_tp=2)):
+        n = lay.attn_dp
+        shapes = ((4096, "bfloat16", [(250,) + (190,) * (n - 1)]),
+                  (7168, "bfloat16", [(142,) + (139,) * (n - 1)]),
+                  (2048, "float32", [(0,) + (240,) * (n - 1) if n > 1 else (240,)]),
+                  (512, "float16", [(601,) + (333,) * (n - 1)]))
+        for hidden, dtype, counts in shapes:
+            for sizes in counts:
+                for fmt in FORMATS:
+                    for device_sizes in (False, True):
+                        for fused in (False, True) if hidden == 4096 else (False,):
+                            case = Case("gather_tokens", lay, sizes, row_shape=(hidden,), dtype=dtype, data="randn",
+                                        fused=fused, device_sizes=device_sizes, seed=len(qcases))
+                            qcases.append(QuantCase(case, fmt, scale_tensor=device_sizes))
+        qcases.append(QuantCase(Case("all_gather_v", lay, (517,) + (3,) * (world - 1), row_shape=(1024,),
+                                     dtype="bfloat16", data="negative", seed=len(qcases)), "nvfp4"))
+    return qcases
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("algorithm", list(TABLES))
+def test_more_rows_than_blocks_bit_equal_to_the_quantized_reference(pool, algorithm):
+    _run_forced(pool, _many_rows_qcases(), algorithm)
+
+
 REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("gather_tokens", True, True),
            ("all_gather_v", True, False)]
 

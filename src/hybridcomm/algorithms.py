@@ -221,14 +221,26 @@ class Choice:
 
 def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | None],
            table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
-    """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can)."""
-    rule = _rule(table[op], message_bytes)
-    blocker = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
-    if blocker is not None:
-        choice = Choice("nccl", "nccl", blocker)
+    """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can).
+
+    The first rule whose max_bytes holds the message; if our kernel cannot run it (a row width,
+    a dtype, the workspace), the call passes on to the next rules, which are for larger
+    messages, so they run it too (e.g. the quantized gather's LL kernel needs its unquantized
+    rows in half an area, the Lamport kernel in a whole one), and to NCCL when none can."""
+    rules = table[op]
+    first = next(i for i, rule in enumerate(rules) if rule is _rule(rules, message_bytes))
+    blocked = []  # (algorithm, why) of the rules our kernels could not run
+    for rule in rules[first:]:
+        why = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
+        if why is None:
+            break
+        blocked.append((rule.algorithm, why))
+    if blocked and (why is not None or rule.backend != "nvlink"):  # no kernel of ours left: NCCL
+        choice = Choice("nccl", "nccl", blocked[0][1])
     else:
         limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
-        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}")
+        passed = "".join(f"; {a} blocked: {w}" for a, w in blocked)
+        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{passed}")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,
                   choice.algorithm, choice.reason)

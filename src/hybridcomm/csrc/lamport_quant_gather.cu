@@ -140,9 +140,8 @@ __global__ void __launch_bounds__(kThreads)
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);
   // Phase 1: the units of the rows other ranks own.
-  for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t j) {
-    // The owner's area rows start at its chunk's first row (tp rank owner % tp of DP group owner / tp).
-    const int64_t i = (j - chunk_begin(s.rc.count(owner / tp), owner % tp, tp)) * w.wire_units + u;
+  for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
+    const int64_t i = c * w.wire_units + u;  // the owner's area rows start at its chunk's first row
     uint4 data[kMaxRanks];
     wait_units(lc, 1, owner, i, [](int) { return true; }, data);
     w.store(o, u, u < w.data_units ? wire_swap<F>(data[0], false) : data[0]);

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
                           });
   HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own.
-  for_each_foreign_item(s, g.me, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j) {
+  for_each_foreign_item(s, g.me, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j, int64_t) {
     w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
   });
   end_call(cx);

@@ -367,8 +367,11 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   }
 }
 
-// Phase 1 of both kernels, grid-strided: receive(o, k, owner, j) for item k (of `items` a row) of
-// every output row o that another rank owns (row j of its DP group).
+// Phase 1 of both kernels, grid-strided: receive(o, k, owner, j, c) for item k (of `items` a row)
+// of every output row o that another rank owns (row j of its DP group, row c of its owner's
+// chunk). With one rank per DP group (tp == 1) the group is the owner and the row its chunk's:
+// the per-item index work is most of a small call's time from its sends to its first poll (each
+// instruction waits ~11 cycles on the one before, ncu), so that case skips the chunk arithmetic.
 template <typename Receive>
 __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, int64_t items, Receive receive) {
   const int64_t total = s.rc.offset[s.dp] * items;
@@ -377,8 +380,13 @@ __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int m
     const int64_t o = item.q, k = item.r;
     const int d = group_of_row(s, o);
     const int64_t j = o - s.rc.offset[d];
-    const int owner = owner_of(s, d, j);
-    if (owner != me) receive(o, k, owner, j);
+    if (s.tp == 1) {  // uniform
+      if (d != me) receive(o, k, d, j, j);
+      continue;
+    }
+    const int64_t count = s.rc.count(d);
+    const int t = chunk_owner(j, count, s.tp), owner = d * s.tp + t;
+    if (owner != me) receive(o, k, owner, j, j - chunk_begin(count, t, s.tp));
   }
 }
 
