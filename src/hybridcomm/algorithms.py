@@ -103,18 +103,22 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us). The same kernel on the Lamport
     # protocol (quant_lamport, csrc/lamport_quant_gather.cu: half the LL bytes, no flags), after
     # both kernels got register rows (2x H200, 2026-11-23 02:15, results/2xH200/quant_2xH200.md,
-    # DP2 and TP2, hidden 4096 / 7168, 1-1024 tokens): LL wins or ties up to ~2 MiB everywhere
-    # (fp8 1 token 6.7 vs 8.6 us); from 3.5 MiB Lamport wins DP2 (fp8: 4 MiB 20.2 vs 22.0, 8 MiB
-    # 32.6 vs 43.9, 14 MiB 56.8 vs 67.8) while LL keeps TP2 by 2-7% (phase 0 is LL in both; 7 MiB
-    # 88.9 vs 90.4). One size rule cannot follow both: LL to 6 MiB (DP2 at 3.5-4.1 MiB loses 9-17%),
-    # Lamport above (TP2 at 7 MiB loses 2%). 4 GPUs: not measured with the Lamport kernel.
+    # DP2 and TP2, hidden 4096 / 7168, 1-1024 tokens). Re-measured after the 32-bit index
+    # divisions and the hardware e4m3 conversion (2x H200, 2026-11-23 03:25,
+    # results/2xH200/quant_2xH200.md): LL wins everywhere to ~1.7 MiB (fp8 DP2 128 tokens 8.8 vs
+    # 9.9 us) and nvfp4 DP2 to 4.5 MiB; Lamport wins DP2 fp8 from 1.75 MiB (4 MiB: 16.0 vs 20.0,
+    # 7 MiB: 24.1 vs 32.0), TP2 is within 1-9% either way from 3.5 MiB. Of the single size limits,
+    # LL to 3 MiB loses least over the 96 measured points (geometric mean 0.3%, worst 12%: DP2
+    # nvfp4 4.5 MiB); the former 6 MiB lost 1.2% (worst 36%: DP2 fp8_block128 4 MiB). 4 GPUs: not
+    # measured with the Lamport kernel. Where LL's workspace check blocks it (unquantized rows
+    # over half an area per peer), choose() passes the call on to the Lamport rule.
     "all_gather_v_quant": (
-        Rule(6 * MiB, "nvlink", "quant"),
+        Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(6 * MiB, "nvlink", "quant"),
+        Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
