@@ -19,7 +19,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import LAMPORT, LL, OPS, op_name
+from ..ops import LAMPORT, LL, OPS, Protocol, op_name
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
@@ -74,7 +74,7 @@ class NvlinkBackend:
                     f"{capacity} (raise workspace_bytes)")
         return None
 
-    def _protocol(self, op: str, alg) -> object:
+    def _protocol(self, op: str, alg) -> Protocol:
         """The protocol whose areas bound the call: the algorithm's, except for the quantized
         gathers' partial rows (gather_tokens with attention TP > 1), which reach their owner on
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
