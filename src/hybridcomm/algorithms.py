@@ -232,7 +232,7 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
     messages, so they run it too (e.g. the quantized gather's LL kernel needs its unquantized
     rows in half an area, the Lamport kernel in a whole one), and to NCCL when none can."""
     rules = table[op]
-    first = next(i for i, rule in enumerate(rules) if rule is _rule(rules, message_bytes))
+    first = rules.index(_rule(rules, message_bytes))
     blocked = []  # (algorithm, why) of the rules our kernels could not run
     for rule in rules[first:]:
         why = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
