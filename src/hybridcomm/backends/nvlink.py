@@ -68,20 +68,20 @@ class NvlinkBackend:
                 return f"rows of {row_bytes} bytes are not a multiple of {ROW_ALIGN_BYTES}"
             nbytes = (max(sizes.host) if sizes.host is not None else x.shape[0]) * row_bytes
         per_peer = spec.per_peer_bytes(alg, nbytes, group.size)
-        capacity = self._protocol(op, alg).capacity(self.workspace.area_bytes)
+        capacity = self._protocol(spec, alg).capacity(self.workspace.area_bytes)
         if per_peer > capacity:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
                     f"{capacity} (raise workspace_bytes)")
         return None
 
-    def _protocol(self, op: str, alg) -> Protocol:
+    def _protocol(self, spec, alg) -> Protocol:
         """The protocol whose areas bound the call: the algorithm's, except for the quantized
         gathers' partial rows (gather_tokens with attention TP > 1), which reach their owner on
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
         width (csrc/quant_gather.cu). Their wire rows are smaller than the unquantized ones
         counted here, so the Lamport kernel's DP rows fit whenever these do."""
-        if not OPS[op].quantized or alg.protocol is LAMPORT and not (
-                op == "gather_tokens_quant" and self.layout.attn_tp > 1):
+        if not spec.quantized or alg.protocol is LAMPORT and not (
+                spec.name == "gather_tokens_quant" and self.layout.attn_tp > 1):
             return alg.protocol
         return LL
 
