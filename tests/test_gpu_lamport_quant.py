@@ -1,6 +1,7 @@
 """GPU tests of the quantized gathers on the Lamport protocol (csrc/lamport_quant_gather.cu,
-algorithm "quant_lamport"), and of the LL kernel (csrc/quant_gather.cu, "quant") after the
-canonical zero / NaN codes; skipped without 2 GPUs, world 4 on 4 GPUs, else world 2.
+algorithm "quant_lamport"), of the LL kernel (csrc/quant_gather.cu, "quant") after the
+canonical zero / NaN codes, and of the LL kernel with every attention-TP rank summing its
+group's rows ("quant_one_hop"); skipped without 2 GPUs, world 4 on 4 GPUs, else world 2.
 
 Data and scales bit for bit equal to the reference quantizer applied to the reference's
 unquantized result (fused: to our own unquantized fused rows, test_gpu_quant.py says why),
@@ -26,7 +27,8 @@ from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, poison,
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-TABLES = {"quant_lamport": "lamport", "quant": "quant_ll"}  # algorithm -> the named table forcing it
+# algorithm -> the named table forcing it
+TABLES = {"quant_lamport": "lamport", "quant": "quant_ll", "quant_one_hop": "quant_one_hop"}
 
 
 def _layouts() -> list[Layout]:
@@ -106,15 +108,16 @@ REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("ga
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("table", ["lamport", "quant_one_hop"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
-def test_graph_replays_with_new_device_counts(pool, fmt):
+def test_graph_replays_with_new_device_counts(pool, fmt, table):
     world = _world()
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         for op, partial, fused in REPLAYS:
             n = world if op == "all_gather_v" else lay.attn_dp
             case = Case(op, lay, (1,) * n, row_shape=(512,), dtype="bfloat16", data="randn", partial=partial,
                         fused=fused, device_sizes=True)
-            per_rank = pool(world, "cuda").run(quant_replay_check, QuantCase(case, fmt), 8, 24, 5, "lamport",
+            per_rank = pool(world, "cuda").run(quant_replay_check, QuantCase(case, fmt), 8, 24, 5, table,
                                                timeout=600)
             failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res["failures"]]
             assert not failures, f"{lay.name} {op} partial={partial} fused={fused}:\n" + "\n".join(failures[:20])
@@ -127,7 +130,8 @@ def test_graph_replays_with_new_device_counts(pool, fmt):
 SEQUENCE = [("q", "gather_tokens", "quant_lamport", "nvfp4"), ("bf16", "all_gather_v", "one_shot_lamport", None),
             ("q", "all_gather_v", "quant_lamport", "fp8"), ("q", "gather_tokens", "quant", "fp8_block128"),
             ("bf16", "all_reduce", "one_shot_lamport", None), ("q", "gather_tokens", "quant_lamport", "fp8_block128"),
-            ("q", "gather_tokens", "quant_lamport", "fp8"), ("bf16", "all_gather_v", "one_shot", None)]
+            ("q", "gather_tokens", "quant_lamport", "fp8"), ("bf16", "all_gather_v", "one_shot", None),
+            ("q", "gather_tokens", "quant_one_hop", "nvfp4")]
 
 
 def _interleaved(layout, replays: int, capacity: int, seed: int) -> dict:

@@ -73,6 +73,11 @@ class QuantFormat(IntEnum):
     NVFP4 = 2
 
 
+class QuantGatherAlgorithm(IntEnum):  # who sums a DP group's partial rows (csrc/quant_rows.cuh)
+    OWNER = 0
+    ONE_HOP = 1
+
+
 MAX_QUANT_HIDDEN = 11264  # quantized gathers stage a row in 48 KiB of shared memory
 
 
@@ -142,7 +147,8 @@ C_NAMES: dict[str, int] = {
     **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
-    **_c_enum("Quant", QuantFormat), "kMaxQuantHidden": MAX_QUANT_HIDDEN,
+    **_c_enum("Quant", QuantFormat), **_c_enum("QuantGather", QuantGatherAlgorithm),
+    "kMaxQuantHidden": MAX_QUANT_HIDDEN,
     "kErrorOpShift": ERROR_OP_SHIFT, "kErrorGroupShift": ERROR_GROUP_SHIFT, "kErrorPeerShift": ERROR_PEER_SHIFT,
     "kErrorDetailShift": ERROR_DETAIL_SHIFT, "kErrorFieldMask": ERROR_FIELD_MASK, "kErrorPeerMask": ERROR_PEER_MASK,
     **_c_enum("Field", CallField, {"DTYPE": "DType"}),
@@ -196,9 +202,10 @@ SIGNATURES = {
     "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # quantized gather (quant_gather.cu)
-    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
-    "hc_lamport_quant_gather": [_G, _L, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64,
-                                _I, _P],
+    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I,
+                        _P],
+    "hc_lamport_quant_gather": [_G, _L, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64,
+                                _I64, _I, _P],
     # the quantizers' element conversions (element_codes.cu, for tests)
     "hc_element_codes": [_I, _P, _P, _I64, _P],
     # Lamport one-shots (lamport_*.cu)

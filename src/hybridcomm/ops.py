@@ -94,8 +94,13 @@ OWN = {"own_count": True}
 # registry: tune's ties go to the one-kernel algorithms. The gather takes own counts: its
 # all_gather_v step exchanges the chunk counts (in its kernel where that one can).
 TWO_STEP = Algorithm("two_step", None, composed=True)
-# The quantized gathers' (partial rows reach their owner on LL packets in both: quant_rows.cuh).
-QUANT_ALGORITHMS = (Algorithm("quant", None), Algorithm("quant_lamport", None, LAMPORT))
+# The quantized gathers' (partial rows travel on LL packets in all: csrc/quant_rows.cuh). quant /
+# quant_lamport: a row's owner sums its partial rows and sends it quantized (two hops, fewest
+# bytes); quant_one_hop: every attention-TP rank sums and quantizes every row of its DP group
+# itself, so rows of its own group take one hop (attn_tp = 1: the same as quant).
+QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER),
+                    Algorithm("quant_one_hop", abi.QuantGatherAlgorithm.ONE_HOP),
+                    Algorithm("quant_lamport", abi.QuantGatherAlgorithm.OWNER, LAMPORT))
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),

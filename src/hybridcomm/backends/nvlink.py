@@ -95,7 +95,7 @@ class NvlinkBackend:
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
         if quant is not None:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows,
-                                      _is_lamport("all_gather_v_quant", algorithm))
+                                      "all_gather_v_quant", algorithm)
         name = "lamport_all_gather_v" if _is_lamport("all_gather_v", algorithm) else "all_gather_v"
         return kernels.call(name, x, *_gather_sizes(sizes), self.handles[group.name], out_rows, self.pdl)
 
@@ -113,7 +113,7 @@ class NvlinkBackend:
         handle, tp = self.handles["world"], self.layout.attn_tp
         if quant is not None:
             return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
-                                      OpCode.GATHER_TOKENS, out_rows, _is_lamport("gather_tokens_quant", algorithm))
+                                      OpCode.GATHER_TOKENS, out_rows, "gather_tokens_quant", algorithm)
         if fusion is not None:
             return kernels.call("gather_tokens_norm", x, *_gather_sizes(dp_sizes), fusion.residual, fusion.weight,
                                 fusion.eps, handle, tp, partial, out_rows, self.pdl)
@@ -159,13 +159,14 @@ class NvlinkBackend:
         self.workspace.close()
 
     def _quant_gather(self, x, sizes: Sizes, group: Group, tp: int, partial: bool, fusion, quant, op: int,
-                      out_rows: int, lamport: bool):
+                      out_rows: int, spec: str, algorithm: str):
         """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather (on
-        the Lamport protocol or LL)."""
+        the Lamport protocol or LL; `spec`: the quantized op whose `algorithm` runs)."""
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
-        data, scales, residual_out = kernels.call("quant_gather", 
-            x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
-            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, lamport, self.pdl)
+        data, scales, residual_out = kernels.call(
+            "quant_gather", x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
+            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, _code(spec, algorithm),
+            _is_lamport(spec, algorithm), self.pdl)
         rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)
         return rows if fusion is None else (rows, residual_out)
 

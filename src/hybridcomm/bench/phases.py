@@ -63,6 +63,7 @@ CASES = (
     TraceCase("gather_tokens TP2, 1 token", "gather_tokens", "auto", 1, attn_tp=2),
     TraceCase("gather_tokens TP2, 1 token, quant fp8 LL", "gather_tokens", "quant_ll", 1, "fp8", attn_tp=2),
     TraceCase("gather_tokens TP2, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8", attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, quant fp8 one hop", "gather_tokens", "quant_one_hop", 1, "fp8", attn_tp=2),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event

@@ -6,6 +6,8 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_bf16      our bf16 gather_tokens (the Communicator's choice; the unquantized transition)
   hc_quant     our quantized gather kernel on LL packets (csrc/quant_gather.cu), forced at every size
   hc_quant_lamport  the same on the Lamport protocol (csrc/lamport_quant_gather.cu), forced
+  hc_quant_one_hop  the LL kernel with every attention-TP rank summing and quantizing its DP
+               group's rows (csrc/quant_rows.cuh "replicated"), forced; with attn_tp = 1 hc_quant's kernel
   hybridcomm   gather_tokens(..., quant=) as the Communicator chooses
   nccl_q       what engines run: RS(attn-TP, when TP > 1) + quantize (torch reference
                quantizer) + NCCL all-gather of the data + NCCL all-gather of the scales
@@ -183,7 +185,9 @@ def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], toke
 
 # -- report -------------------------------------------------------------------------------------
 BASELINES = ("nccl_q", "nccl_symm_q")
-RATIO_IMPLS = ("hybridcomm", "hc_quant", "hc_quant_lamport")  # each / hc_bf16: q/bf16, LL/bf16, Lamport/bf16
+# impl -> its ratio column's label: the impl's time / hc_bf16's.
+RATIOS = {"hybridcomm": "q/bf16", "hc_quant": "LL/bf16", "hc_quant_one_hop": "1hop/bf16",
+          "hc_quant_lamport": "Lamport/bf16"}
 
 
 def quant_markdown(results: dict) -> str:
@@ -195,10 +199,11 @@ def quant_markdown(results: dict) -> str:
     for r in results["records"]:
         by[(r["layout"], r["hidden"], r["format"], r["case"], tuple(r["tokens_per_dp"]))][r["impl"]] = r["us"]
     impls = sorted({r["impl"] for r in results["records"]})
+    ratio_impls = [i for i in RATIOS if i in impls]
     out = [f"# bench quant, {results['dtype']} input", "", _header(results["environment"]), "",
            "µs per call (CUDA graph replay, median, max over ranks). q/bf16 = hybridcomm / hc_bf16 (< 1: the "
-           "quantized gather is faster); LL/bf16, Lamport/bf16: the same for hc_quant, hc_quant_lamport; "
-           "vs NCCL = best quantize-then-NCCL baseline / hybridcomm.", ""]
+           "quantized gather is faster); " + ", ".join(f"{RATIOS[i]}: {i}" for i in ratio_impls if i != "hybridcomm")
+           + " the same; vs NCCL = best quantize-then-NCCL baseline / hybridcomm.", ""]
     for layout, hidden, fmt in dict.fromkeys(k[:3] for k in by):
         rows = []
         for key, cols in by.items():
@@ -207,11 +212,11 @@ def quant_markdown(results: dict) -> str:
             base = [cols[b] for b in BASELINES if b in cols]
             ours = cols.get("hybridcomm")
             ratios = [f"{cols[i] / cols['hc_bf16']:.2f}" if cols.get(i) and cols.get("hc_bf16") else "-"
-                      for i in RATIO_IMPLS]
+                      for i in ratio_impls]
             vs = f"{min(base) / ours:.2f}x" if base and ours else "-"
             rows.append([key[3], ",".join(map(str, key[4]))] + [_fmt(cols.get(i)) for i in impls] + ratios + [vs])
         out += [f"## {layout}, hidden {hidden}, {fmt}", "",
-                _table(["case", "tokens/DP rank"] + impls + ["q/bf16", "LL/bf16", "Lamport/bf16", "vs NCCL"], rows),
+                _table(["case", "tokens/DP rank"] + impls + [RATIOS[i] for i in ratio_impls] + ["vs NCCL"], rows),
                 ""]
     if results.get("nccl_symm_note"):
         out += [f"nccl_symm_note: {results['nccl_symm_note']}"]

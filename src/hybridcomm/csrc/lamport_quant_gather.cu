@@ -10,11 +10,11 @@
 // ceil(max count / tp) rows per area, what end_lamport_call records for the re-fill.
 //
 //   phase 0 (partial rows, tp > 1): unchanged from quant_gather.cu: LL lanes to the owner
-//           (fused: to every tp peer), in LL area 0.
+//           (replicated: to every tp peer), in LL area 0.
 //   per row (one block): in registers (fused: staged), one lane quantized per thread; even
-//           threads put a unit (their lane and the next thread's), the scale lanes go as
-//           8-byte unit halves; my copy stored.
-//   phase 1: every rank waits for the units of the rows it does not own and stores them.
+//           threads of the owner put a unit (their lane and the next thread's), the scale
+//           lanes go as 8-byte unit halves; my copy stored.
+//   phase 1: every rank waits for the units of the rows it did not quantize and stores them.
 //
 // Reserved pattern (docs/quantization.md): no wire word may be the sentinel 0xFFFFFFFF. fp8
 // data bytes are never 0xFF (e4m3 NaN is 0x7f), fp32 and e4m3 scales are never negative, pads
@@ -88,12 +88,13 @@ __device__ __forceinline__ void put_half_unit(uint4* unit, int half, uint2 v) {
                : "memory");
 }
 
-// Row r of my group quantized from my lanes' values x: into my output and, as units, into every
-// peer's area from me (data: one unit, two lanes, per even thread; scales: 8-byte halves).
+// Row r of my group quantized from my lanes' values x: into my output and, if I own it, as units
+// into the area from me of every rank that receives it (data: one unit, two lanes, per even
+// thread; scales: 8-byte halves).
 template <int F, int KL>
-__device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, int64_t r,
-                                                  const RowValues<F, KL>& x, float global_scale, const WireUnits& w,
-                                                  float* warp_buf) {
+__device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, bool replicated,
+                                                  int64_t r, bool owned, const RowValues<F, KL>& x,
+                                                  float global_scale, const WireUnits& w, float* warp_buf) {
   const int64_t o = s.rc.offset[s.d] + r;
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
   quantize_and_emit<F, 2>(
@@ -101,19 +102,23 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
       [&](int64_t u, const uint2(&v)[2]) {
         const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
         w.store(o, u, unit);
+        if (!owned) return;
         const uint4 wire = wire_swap<F>(unit, true);
-        lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
+        for_each_receiver(lc.cx, s, replicated, [&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
       },
       [&](int64_t sl, uint2 v) {
         if (o < w.out.out_rows) w.out.store_scales(o, sl * 8, v);
+        if (!owned) return;
         const int64_t u = w.data_units + sl / 2;
-        lc.cx.everyone().for_each_other([&](int peer) { put_half_unit(lc.outbox(peer) + base + u, (int)(sl % 2), v); });
+        for_each_receiver(lc.cx, s, replicated,
+                          [&](int peer) { put_half_unit(lc.outbox(peer) + base + u, (int)(sl % 2), v); });
       });
 }
 
 template <typename T, int F, int KL>
 __global__ void __launch_bounds__(kThreads)
-    lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int tp, int partial,
+    lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int algorithm, int tp,
+                         int partial,
                          const uint2* __restrict__ in, const uint2* __restrict__ residual,
                          const uint2* __restrict__ weight, uint2* __restrict__ residual_out, float eps,
                          const float* __restrict__ global_scale_ptr, WireUnits w, RowsArg io) {
@@ -123,24 +128,26 @@ __global__ void __launch_bounds__(kThreads)
 
   LamportCall lc = begin_lamport_call(g, l, op);
   const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
+  const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
-  // The algorithm field holds the Lamport slot, so the format and the fusion go in the width's
-  // high byte (row bytes are below 2^16).
+  // The algorithm field holds the Lamport slot, so the quantized gathers' fields go in the
+  // width's high byte (row bytes are below 2^16).
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
-                                 (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused) << 24));
-  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
-                          w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
-                            put_quantized_row<F, KL>(lc, s, r, x, global_scale, w, warp_buf);
+                                 (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused, replicated) << 24));
+  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, replicated, in, residual, weight, residual_out, eps, io,
+                          w.out.data_lanes, early, row, warp_buf,
+                          [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
+                            put_quantized_row<F, KL>(lc, s, replicated, r, owned, x, global_scale, w, warp_buf);
                           });
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);
-  // Phase 1: the units of the rows other ranks own.
-  for_each_foreign_item(s, g.me, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
+  // Phase 1: the units of the rows other ranks own (replicated: of other DP groups).
+  for_each_foreign_item(s, g.me, replicated, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
     const int64_t i = c * w.wire_units + u;  // the owner's area rows start at its chunk's first row
     uint4 data[kMaxRanks];
     wait_units(lc, 1, owner, i, [](int) { return true; }, data);
@@ -154,21 +161,23 @@ __global__ void __launch_bounds__(kThreads)
 using namespace hc;
 
 // The arguments of hc_quant_gather (quant_gather.cu) with the group's Lamport areas (l).
-extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l, int format, int dtype, int tp,
-                                       int partial, int op, const void* in, const void* residual, const void* weight,
-                                       void* residual_out, float eps, const float* global_scale, void* out_data,
-                                       void* out_scales, const int32_t* sizes_device, const int32_t* sizes_host,
-                                       int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl,
-                                       cudaStream_t stream) {
-  if (!quant_args_valid(g, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
+extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l, int algorithm, int format, int dtype,
+                                       int tp, int partial, int op, const void* in, const void* residual,
+                                       const void* weight, void* residual_out, float eps, const float* global_scale,
+                                       void* out_data, void* out_scales, const int32_t* sizes_device,
+                                       const int32_t* sizes_host, int64_t hidden, int64_t in_rows, int64_t out_rows,
+                                       int pdl, cudaStream_t stream) {
+  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = quant_blocks(io, *g, tp, weight != nullptr, w.wire_units);
+    const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
+                                    w.wire_units);
     status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
       return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
-                                quant_staging_bytes(hidden), stream, pdl, *g, *l, op, tp, partial, (const uint2*)in,
+                                quant_staging_bytes(hidden), stream, pdl, *g, *l, op, algorithm, tp, partial,
+                                (const uint2*)in,
                                 (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
                                 w, io);
     });

@@ -2,14 +2,15 @@
 // all_gather_v whose rows travel quantized (fp8, fp8_block128, nvfp4; quant.cuh and
 // docs/quantization.md), on LL packets. Ownership, staging and quantizing: quant_rows.cuh
 // (shared with the Lamport variant, lamport_quant_gather.cu). Each owner pushes its wire row
-// -- data lanes, then scale lanes, 8 bytes each -- to every other rank.
+// -- data lanes, then scale lanes, 8 bytes each -- to every rank that receives it.
 //
-//   phase 0 (partial rows, tp > 1): lanes of a row go to its owner (fused: to every tp peer,
-//           as all of them write the residual output); the owner sums them in tp order.
+//   phase 0 (partial rows, tp > 1): lanes of a row go to its owner, or (replicated: the one-hop
+//           algorithm, fused rows) to every tp peer; they are summed in tp order.
 //   per row (one block): fp32 values rounded once to T (after the fused add + RMSNorm, in
-//           gather_tokens.cu's order), in registers (fused: through shared memory); the owner
-//           quantizes, pushes.
-//   phase 1: every rank copies the wire rows it does not own into data / scales.
+//           gather_tokens.cu's order), in registers (fused: through shared memory); quantized
+//           by the owner -- replicated, by every tp rank of the group, each keeping its copy --
+//           and pushed by the owner.
+//   phase 1: every rank copies the wire rows it did not quantize into data / scales.
 //
 // Device-side counts, capacity checks and bounded waits as in gather_tokens.cu.
 #include "quant_rows.cuh"
@@ -35,16 +36,16 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
   return WireRows{out, out.data_lanes + (out.scale_bytes + 7) / 8};
 }
 
-// Row r of my group quantized from my lanes' values x: into my output and to every other rank
-// (area 1, at the row's group-local wire lanes). Called by the whole block.
+// Row r of my group quantized from my lanes' values x: into my output and, if I own it, to every
+// rank that receives it (area 1, at the row's group-local wire lanes). Called by the whole block.
 template <int F, int KL>
-__device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, int64_t r,
-                                                   const RowValues<F, KL>& x, float global_scale, const WireRows& w,
-                                                   float* warp_buf) {
+__device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, bool replicated, int64_t r,
+                                                   bool owned, const RowValues<F, KL>& x, float global_scale,
+                                                   const WireRows& w, float* warp_buf) {
   const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;
   const auto emit = [&](int64_t l, uint2 v) {
     w.store(o, l, v);
-    push_to_peers(cx, cx.everyone(), 1, base + l, v);
+    if (owned) for_each_receiver(cx, s, replicated, [&](int peer) { put_lane(cx, peer, 1, base + l, v); });
   };
   quantize_and_emit<F, 1>(
       x, w.out.data_lanes, w.wire_lanes - w.out.data_lanes, global_scale, warp_buf,
@@ -54,7 +55,7 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
 
 template <typename T, int F, int KL>
 __global__ void __launch_bounds__(kThreads)
-    quant_gather(GroupArgs g, int op, int tp, int partial, const uint2* __restrict__ in,
+    quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                  uint2* __restrict__ residual_out, float eps, const float* __restrict__ global_scale_ptr,
                  WireRows w, RowsArg io) {
@@ -66,6 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
   // null pointer, so it cannot tell).
   const bool fused = weight != nullptr, reduce = partial && tp > 1;
+  const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
@@ -74,15 +76,16 @@ __global__ void __launch_bounds__(kThreads)
   s.row_lanes = io.row_lanes;
   check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // Peers must agree on the format and the fusion too: both go in the algorithm field.
-  arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused), s.variant(partial), s.rc.hash,
-                              (uint64_t)io.row_lanes * 8));
-  stage_my_rows<T, F, KL>(cx, s, reduce, fused, in, residual, weight, residual_out, eps, io,
-                          w.out.data_lanes, early, row, warp_buf, [&](int64_t r, const RowValues<F, KL>& x) {
-                            push_quantized_row<F, KL>(cx, s, r, x, global_scale, w, warp_buf);
+  arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused, replicated), s.variant(partial),
+                              s.rc.hash, (uint64_t)io.row_lanes * 8));
+  stage_my_rows<T, F, KL>(cx, s, reduce, fused, replicated, in, residual, weight, residual_out, eps, io,
+                          w.out.data_lanes, early, row, warp_buf,
+                          [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
+                            push_quantized_row<F, KL>(cx, s, replicated, r, owned, x, global_scale, w, warp_buf);
                           });
   HC_TRACE_EVENT(kTraceSent);
-  // Phase 1: the rows other ranks own.
-  for_each_foreign_item(s, g.me, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j, int64_t) {
+  // Phase 1: the rows other ranks own (replicated: of other DP groups).
+  for_each_foreign_item(s, g.me, replicated, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j, int64_t) {
     w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
   });
   end_call(cx);
@@ -92,26 +95,29 @@ __global__ void __launch_bounds__(kThreads)
 
 using namespace hc;
 
-// format: a QuantFormat; op: the Op code errors are reported under (kGatherTokens, kAllGatherV).
+// algorithm: a QuantGatherAlgorithm (who sums partial rows: quant_rows.cuh); format: a
+// QuantFormat; op: the Op code errors are reported under (kGatherTokens, kAllGatherV).
 // residual / weight / residual_out: the fused add + RMSNorm (null: not fused). global_scale:
 // device fp32 (nvfp4; null otherwise). out_data: out_rows x data bytes; out_scales: out_rows x
 // scale bytes (hybridcomm.quant.formats). hidden: a multiple of 16, at most kMaxQuantHidden;
 // in_rows / out_rows: rows the buffers hold (capacity). pdl: launch overlapping the previous
 // kernel (pdl.cuh; the kernel touches no memory before begin_call's wait).
-extern "C" int hc_quant_gather(const GroupArgs* g, int format, int dtype, int tp, int partial, int op,
+extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, int dtype, int tp, int partial, int op,
                                const void* in, const void* residual, const void* weight, void* residual_out,
                                float eps, const float* global_scale, void* out_data, void* out_scales,
                                const int32_t* sizes_device, const int32_t* sizes_host, int64_t hidden,
                                int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
-  if (!quant_args_valid(g, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
+  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = quant_blocks(io, *g, tp, weight != nullptr, w.wire_lanes);
+    const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
+                                    w.wire_lanes);
     status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
       return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
-                                quant_staging_bytes(hidden), stream, pdl, *g, op, tp, partial, (const uint2*)in,
+                                quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,
+                                (const uint2*)in,
                                 (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
                                 w, io);
     });

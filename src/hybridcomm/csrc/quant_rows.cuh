@@ -6,6 +6,15 @@
 // Ownership: the group has `tp` ranks per DP group (d = me / tp; all_gather_v runs with tp = 1,
 // one member per "group"). Each row has exactly one owner, the tp rank whose chunk holds it
 // (arguments.split_evenly); the owner quantizes the row and sends it to every other rank.
+//
+// Who sums a DP group's partial rows (tp > 1, partial) -- kQuantGatherOwner / kQuantGatherOneHop:
+//   owner      : the row's owner alone. Partial lanes go to it (phase 0), it sends the quantized
+//                row to every other rank: two hops for everyone, fewest bytes.
+//   replicated : every tp rank, each for every row of its DP group (the one-hop algorithm, and
+//                fused rows, which every tp rank stages anyway for the residual output). Partial
+//                lanes go to every tp peer; each tp rank keeps its own quantized copy (the same
+//                bits: the same sum in tp order, the same code), and the owner sends the row only
+//                outside its DP group. One hop inside the group; (tp - 1) x the partial bytes.
 #pragma once
 
 #include <type_traits>
@@ -53,6 +62,26 @@ __device__ __forceinline__ int owner_of(const TokenShape& s, int d, int64_t j) {
 }
 
 __device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { return s.rc.holder(o, s.dp, 1); }
+
+// Every tp rank sums (and quantizes) every row of its DP group itself (see the top of the file).
+__host__ __device__ __forceinline__ bool replicated_rows(int algorithm, bool fused, bool reduce) {
+  return reduce && (fused || algorithm == kQuantGatherOneHop);
+}
+
+// A rank stages every row of its DP group (fused: for the residual output; or replicated), else
+// its chunk alone.
+__host__ __device__ __forceinline__ bool stages_every_row(int algorithm, bool fused, int tp, int partial) {
+  return fused || replicated_rows(algorithm, fused, partial && tp > 1);
+}
+
+// f(peer) for every rank that receives the rows I own: every other rank, or (replicated) every
+// rank outside my DP group, whose tp ranks quantize their own copies.
+template <typename F>
+__device__ __forceinline__ void for_each_receiver(const CallCtx& cx, const TokenShape& s, bool replicated, F f) {
+  cx.everyone().for_each_other([&](int peer) {
+    if (!replicated || (unsigned)(peer - s.d * s.tp) >= (unsigned)s.tp) f(peer);
+  });
+}
 
 // -- a row in registers ----------------------------------------------------------------------------
 // Thread x of the block holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
@@ -302,16 +331,18 @@ __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s
 }
 
 // Phase 0 of both kernels (tp > 1, partial rows): my partial lanes to the rank(s) that sum
-// them -- the row's owner, or (fused) every tp peer, as all of them write the residual output.
-__device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const TokenShape& s, bool fused,
+// them -- the row's owner, or (replicated) every tp peer.
+__device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const TokenShape& s, bool replicated,
                                                    const uint2* __restrict__ in, int64_t in_lanes) {
   const int64_t rows = s.rc.count(s.d);
   for (int64_t i = grid_thread(); i < rows * s.row_lanes; i += grid_threads()) {
     const uint2 v = i < in_lanes ? in[i] : make_uint2(0, 0);
+    if (replicated) {
+      push_to_peers(cx, s.tp_group(), 0, i, v);
+      continue;
+    }
     const int owner = owner_of(s, s.d, quot(i, s.row_lanes));
-    s.tp_group().for_each_other([&](int peer) {
-      if (fused || peer == owner) put_lane(cx, peer, 0, i, v);
-    });
+    if (owner != cx.g.me) put_lane(cx, owner, 0, i, v);
   }
 }
 
@@ -337,32 +368,37 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
 }
 
 // Phase 0 and the rows of both kernels: my partial lanes sent (reduce), then one block per row I
-// stage -- every row of my group when fused (the residual output), else my chunk -- and for the
-// rows I own, send(r, x) (called by the whole block, x: my lanes' values) quantizes and sends
-// the row. `next`: early_row_input's. Not fused, a row is loaded into registers while the
-// previous one is quantized and sent; fused, it is staged in shared memory (stage_row: the
-// norm's sum runs in gather_fused's order, over lanes strided by the block).
+// stage -- every row of my group when fused (the residual output) or replicated, else my chunk --
+// and send(r, x, owned) for each row I quantize (called by the whole block, x: my lanes' values;
+// owned: the row is in my chunk): the rows I own, and replicated every row of my group. `next`:
+// early_row_input's. Not fused, a row is loaded into registers while the previous one is quantized
+// and sent; fused, it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's
+// order, over lanes strided by the block).
 template <typename T, int F, int KL, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
-                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
-                                              const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
-                                              float eps, const RowsArg& io, int64_t data_lanes, RowInput<T, F, KL> next,
-                                              float* row, float* warp_buf, Send send) {
+                                              bool replicated, const uint2* __restrict__ in,
+                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
+                                              uint2* __restrict__ residual_out, float eps, const RowsArg& io,
+                                              int64_t data_lanes, RowInput<T, F, KL> next, float* row,
+                                              float* warp_buf, Send send) {
   const int64_t rows = s.rc.count(s.d);
-  const int64_t first = fused ? 0 : chunk_begin(rows, s.t, s.tp), last = fused ? rows : chunk_begin(rows, s.t + 1, s.tp);
+  const bool every_row = fused || replicated;  // (stages_every_row)
+  const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
+  const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
   if (!fused && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
-  if (reduce) send_partial_lanes(cx, s, fused, in, io.in_lanes());
+  if (reduce) send_partial_lanes(cx, s, replicated, in, io.in_lanes());
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
+    const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
     if (fused) {
       stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
       __syncthreads();  // the staged row is complete
       const RowValues<F, KL> x = staged_values<F, KL>(row, data_lanes);
       __syncthreads();  // read: the next row may be staged
-      if (chunk_owner(r, rows, s.tp) == s.t) send(r, x);  // uniform over the block
+      if (owned || replicated) send(r, x, owned);  // uniform over the block
     } else {
       const RowInput<T, F, KL> input = next;
       if (r + gridDim.x < last) next = load_row_input<T, F, KL>(in, r + gridDim.x, io, data_lanes);
-      send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes));  // (my chunk: all mine)
+      send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes), owned);
     }
   }
 }
@@ -372,8 +408,10 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
 // chunk). With one rank per DP group (tp == 1) the group is the owner and the row its chunk's:
 // the per-item index work is most of a small call's time from its sends to its first poll (each
 // instruction waits ~11 cycles on the one before, ncu), so that case skips the chunk arithmetic.
+// Replicated, the rows of my own DP group are not received (I quantized them myself).
 template <typename Receive>
-__device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, int64_t items, Receive receive) {
+__device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, bool replicated, int64_t items,
+                                                      Receive receive) {
   const int64_t total = s.rc.offset[s.dp] * items;
   for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
     const QuotRem item = divmod(x, items);
@@ -384,16 +422,18 @@ __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int m
       if (d != me) receive(o, k, d, j, j);
       continue;
     }
+    if (replicated && d == s.d) continue;
     const int64_t count = s.rc.count(d);
     const int t = chunk_owner(j, count, s.tp), owner = d * s.tp + t;
     if (owner != me) receive(o, k, owner, j, j - chunk_begin(count, t, s.tp));
   }
 }
 
-// Fingerprint fields the quantized gathers add: the format and the fusion (peers must agree).
+// Fingerprint fields the quantized gathers add: the format, the fusion and who sums the
+// partial rows (peers must agree on all three).
 template <int F>
-__device__ __forceinline__ int quant_fields(bool fused) {
-  return F | (fused ? 4 : 0);
+__device__ __forceinline__ int quant_fields(bool fused, bool replicated) {
+  return F | (fused ? 4 : 0) | (replicated ? 8 : 0);
 }
 
 // Dynamic shared memory of both kernels: a fused row, staged (fp32).
@@ -416,14 +456,14 @@ int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
 }
 
 // Both launchers' grid: at least one block per row a rank stages (a block works its rows one
-// after another; fused: every row of the DP group, else a 1/tp chunk), and enough threads for
+// after another; every row of the DP group when it stages them all, else a 1/tp chunk), and enough threads for
 // one wire item (lane or unit) each of the rows it receives -- all but its own chunk, where the
 // counts are on the host (one block at 1 token: no count of blocks at the end, end_call) --
 // at most one block per SM (blocks_for).
-inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool fused, int64_t items_per_row) {
+inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool every_row, int64_t items_per_row) {
   const int dp = g.nranks / tp;
   const int64_t largest = grid_rows(io, dp, RowsSpan::kLargest, io.in_rows);
-  const int64_t staged = fused ? largest : ceil_div(largest, tp);
+  const int64_t staged = every_row ? largest : ceil_div(largest, tp);
   int64_t received = grid_rows(io, dp, RowsSpan::kAll, io.out_rows);
   if (!io.sizes.device && !io.sizes.own) {  // my chunk (chunk_begin's cut) is not received
     const int64_t group = io.sizes.host[g.me / tp] > 0 ? io.sizes.host[g.me / tp] : 0, t = g.me % tp;
@@ -435,10 +475,13 @@ inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool fuse
   return by_rows > by_items ? by_rows : by_items;
 }
 
-// The launchers' argument check (both take a hidden size, a tp and, for nvfp4, a global scale).
-inline bool quant_args_valid(const GroupArgs* g, int format, int tp, int64_t hidden, const float* global_scale) {
+// The launchers' argument check (both take an algorithm, a hidden size, a tp and, for nvfp4, a
+// global scale).
+inline bool quant_args_valid(const GroupArgs* g, int algorithm, int format, int tp, int64_t hidden,
+                             const float* global_scale) {
   return !(hidden % 16 || hidden <= 0 || hidden > kMaxQuantHidden || tp < 1 || g->nranks % tp ||
-           (format == kQuantNvfp4 && !global_scale));
+           (format == kQuantNvfp4 && !global_scale) ||
+           (algorithm != kQuantGatherOwner && algorithm != kQuantGatherOneHop));
 }
 
 }  // namespace hc
