@@ -131,7 +131,7 @@ SEQUENCE = [("q", "gather_tokens", "quant_lamport", "nvfp4"), ("bf16", "all_gath
             ("q", "all_gather_v", "quant_lamport", "fp8"), ("q", "gather_tokens", "quant", "fp8_block128"),
             ("bf16", "all_reduce", "one_shot_lamport", None), ("q", "gather_tokens", "quant_lamport", "fp8_block128"),
             ("q", "gather_tokens", "quant_lamport", "fp8"), ("bf16", "all_gather_v", "one_shot", None),
-            ("q", "gather_tokens", "quant_one_hop", "nvfp4")]
+            ("q", "gather_tokens", "quant_one_hop", "fp8")]
 
 
 def _interleaved(layout, replays: int, capacity: int, seed: int) -> dict:

@@ -130,7 +130,9 @@ __global__ void __launch_bounds__(kThreads)
   const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
   const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
-  const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
+  const RowInput<T, F, KL> early =
+      early_row_input<T, F, KL>(in, tp == 1 || stages_every_row(algorithm, fused, tp, partial), fused, io,
+                                w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);

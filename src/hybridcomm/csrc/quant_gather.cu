@@ -69,7 +69,9 @@ __global__ void __launch_bounds__(kThreads)
   const bool fused = weight != nullptr, reduce = partial && tp > 1;
   const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
-  const RowInput<T, F, KL> early = early_row_input<T, F, KL>(in, tp, fused, io, w.out.data_lanes);
+  const RowInput<T, F, KL> early =
+      early_row_input<T, F, KL>(in, tp == 1 || stages_every_row(algorithm, fused, tp, partial), fused, io,
+                                w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);

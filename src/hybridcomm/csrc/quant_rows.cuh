@@ -277,8 +277,8 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
-// `early`: with tp == 1, row blockIdx.x's lanes of this thread, loaded before arrive()
-// (early_row_input: lane threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]).
+// `early`: row blockIdx.x's lanes of this thread, loaded before arrive() (early_row_input: lane
+// threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]).
 template <typename T, int F, int KL>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
                                           const uint2* __restrict__ in, const RowInput<T, F, KL>& early,
@@ -287,7 +287,8 @@ __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s
                                           float* warp_buf) {
   using In = RowInput<T, F, KL>;
   constexpr int kN = Lane<T>::kN;
-  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = s.tp == 1 && r == blockIdx.x;
+  // (fused, every row of the group is staged: the block's first row is r == blockIdx.x)
+  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == blockIdx.x;
   float sumsq = 0.f;
   int m = 0;  // (kThreads == blockDim.x)
   for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x, ++m) {
@@ -347,15 +348,15 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
 }
 
 // The input of this block's first row, loaded before the counts and arrive() where its index is
-// known without the counts: my rows start at row 0 when tp == 1 (else stage_my_rows loads it, or,
-// fused, stage_row). Rows not fused: my data lanes (load_row_input); fused: the lanes stage_row
-// reads, threadIdx.x + m * kThreads (m < KL * kIn: the row has KL * kIn * kThreads lanes at most),
-// in raw[m / kIn][m % kIn].
+// known without the counts: where my rows start at row 0 (tp == 1, or every row of the group
+// staged: from_row_zero; else stage_my_rows loads it, at my chunk's first row). Rows not fused:
+// my data lanes (load_row_input); fused: the lanes stage_row reads, threadIdx.x + m * kThreads
+// (m < KL * kIn: the row has KL * kIn * kThreads lanes at most), in raw[m / kIn][m % kIn].
 template <typename T, int F, int KL>
-__device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __restrict__ in, int tp, bool fused,
-                                                              const RowsArg& io, int64_t data_lanes) {
+__device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __restrict__ in, bool from_row_zero,
+                                                              bool fused, const RowsArg& io, int64_t data_lanes) {
   using In = RowInput<T, F, KL>;
-  if (tp != 1) return In{};
+  if (!from_row_zero) return In{};
   if (!fused) return load_row_input<T, F, KL>(in, blockIdx.x, io, data_lanes);
   In x;
   const int64_t r = blockIdx.x;
@@ -385,7 +386,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   const bool every_row = fused || replicated;  // (stages_every_row)
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
-  if (!fused && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
+  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
   if (reduce) send_partial_lanes(cx, s, replicated, in, io.in_lanes());
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
     const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
