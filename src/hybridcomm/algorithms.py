@@ -112,12 +112,19 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # nvfp4 4.5 MiB); the former 6 MiB lost 1.2% (worst 36%: DP2 fp8_block128 4 MiB). 4 GPUs: not
     # measured with the Lamport kernel. Where LL's workspace check blocks it (unquantized rows
     # over half an area per peer), choose() passes the call on to the Lamport rule.
+    # gather_tokens' quant_one_hop (every attention-TP rank sums and quantizes its group's rows;
+    # with attn_tp = 1 it runs quant's kernel path): on TP2 (2x H200, 2026-11-23, hidden 4096,
+    # results/2xH200/quant_2xH200.md) it wins to 64 tokens (16 tokens, fp8: 7.99 vs 9.94 us) and
+    # loses from 128 (LL's partial rows to every tp peer: 13.84 vs 13.33, 512: 40.2 vs 25.9), so
+    # to 256 KiB. Not measured on 4 GPUs: there its one hop is its own DP group's only, and other
+    # groups' rows still take two (DP2xTP2); TP4 sends 3x the partial bytes.
     "all_gather_v_quant": (
         Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
+        Rule(256 * KiB, "nvlink", "quant_one_hop"),
         Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),

@@ -115,7 +115,8 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
       });
 }
 
-template <typename T, int F, int KL>
+// M: the RowMode (quant_rows.cuh).
+template <typename T, int F, int KL, int M>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int algorithm, int tp,
                          int partial,
@@ -127,7 +128,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float warp_buf[kThreads / 32];
 
   LamportCall lc = begin_lamport_call(g, l, op);
-  const bool fused = weight != nullptr, reduce = partial && tp > 1;  // (quant_gather.cu: why the weight)
+  constexpr bool fused = M == kRowsFused;  // (quant_gather.cu: why the weight decides)
+  const bool reduce = M == kRowsReduced || (fused && partial && tp > 1);
   const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early =
@@ -176,12 +178,12 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
     const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
                                     w.wire_units);
-    status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
-      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
-                                quant_staging_bytes(hidden), stream, pdl, *g, *l, op, algorithm, tp, partial,
-                                (const uint2*)in,
-                                (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
-                                w, io);
+    const int mode = row_mode(weight != nullptr, partial, tp);
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
+      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks,
+                                kThreads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op, algorithm, tp, partial,
+                                (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
+                                eps, global_scale, w, io);
     });
   }));
   return status;

@@ -53,7 +53,8 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
       [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
 
-template <typename T, int F, int KL>
+// M: the RowMode (quant_rows.cuh).
+template <typename T, int F, int KL, int M>
 __global__ void __launch_bounds__(kThreads)
     quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
@@ -64,9 +65,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float warp_buf[kThreads / 32];
 
   CallCtx cx = begin_call(g, op);
-  // Fused iff a norm weight is given (never empty; an empty residual of a rank with no rows has a
-  // null pointer, so it cannot tell).
-  const bool fused = weight != nullptr, reduce = partial && tp > 1;
+  // Fused iff a norm weight is given (the launcher's row_mode: never empty; an empty residual of a
+  // rank with no rows has a null pointer, so it cannot tell).
+  constexpr bool fused = M == kRowsFused;
+  const bool reduce = M == kRowsReduced || (fused && partial && tp > 1);
   const bool replicated = replicated_rows(algorithm, fused, reduce);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early =
@@ -116,12 +118,12 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
     const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
                                     w.wire_lanes);
-    status = with_lanes_per_thread<Fmt>(w.out.data_lanes, [&](auto kl) {
-      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value>, blocks, kThreads,
+    const int mode = row_mode(weight != nullptr, partial, tp);
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
+      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks, kThreads,
                                 quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,
-                                (const uint2*)in,
-                                (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out, eps, global_scale,
-                                w, io);
+                                (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
+                                eps, global_scale, w, io);
     });
   }));
   return status;

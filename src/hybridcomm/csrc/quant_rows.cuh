@@ -347,6 +347,22 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
   }
 }
 
+// Replicated, not fused: row r's partial input lanes, from the registers they were loaded into, to
+// every tp peer (LL area 0, at the lane indices send_partial_lanes uses), by the block that sums
+// the row -- so a block's first row leaves right after arrive(), without loading it again.
+template <typename T, int F, int KL>
+__device__ __forceinline__ void push_partial_row(const CallCtx& cx, const TokenShape& s, int64_t r,
+                                                 const RowInput<T, F, KL>& x, int64_t data_lanes) {
+  using In = RowInput<T, F, KL>;
+#pragma unroll
+  for (int k = 0; k < KL; ++k) {
+    if (my_lane(k) >= data_lanes) continue;
+#pragma unroll
+    for (int j = 0; j < In::kIn; ++j)
+      push_to_peers(cx, s.tp_group(), 0, (r * data_lanes + my_lane(k)) * In::kIn + j, x.raw[k][j]);
+  }
+}
+
 // The input of this block's first row, loaded before the counts and arrive() where its index is
 // known without the counts: where my rows start at row 0 (tp == 1, or every row of the group
 // staged: from_row_zero; else stage_my_rows loads it, at my chunk's first row). Rows not fused:
@@ -368,7 +384,8 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
   return x;
 }
 
-// Phase 0 and the rows of both kernels: my partial lanes sent (reduce), then one block per row I
+// Phase 0 and the rows of both kernels: my partial lanes sent (reduce: send_partial_lanes, or,
+// replicated and not fused, each row's by push_partial_row before it is summed), then one block per row I
 // stage -- every row of my group when fused (the residual output) or replicated, else my chunk --
 // and send(r, x, owned) for each row I quantize (called by the whole block, x: my lanes' values;
 // owned: the row is in my chunk): the rows I own, and replicated every row of my group. `next`:
@@ -387,7 +404,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
   if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
-  if (reduce) send_partial_lanes(cx, s, replicated, in, io.in_lanes());
+  if (reduce && (fused || !replicated)) send_partial_lanes(cx, s, replicated, in, io.in_lanes());
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
     const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
     if (fused) {
@@ -399,6 +416,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
     } else {
       const RowInput<T, F, KL> input = next;
       if (r + gridDim.x < last) next = load_row_input<T, F, KL>(in, r + gridDim.x, io, data_lanes);
+      if (reduce && replicated) push_partial_row<T, F, KL>(cx, s, r, input, data_lanes);
       send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes), owned);
     }
   }
@@ -413,6 +431,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
 template <typename Receive>
 __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, bool replicated, int64_t items,
                                                       Receive receive) {
+  if (replicated && s.dp == 1) return;  // one DP group: every row was quantized here
   const int64_t total = s.rc.offset[s.dp] * items;
   for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
     const QuotRem item = divmod(x, items);
@@ -454,6 +473,36 @@ int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
   }
   static_assert(kLanesPerThread<F> <= 3, "an instance per lane count");
   return (int)cudaErrorInvalidValue;
+}
+
+// What a kernel instance does to rows besides quantizing them, a template argument of both
+// kernels: each instance holds only its own paths' code. With every path in one body the
+// kernels were 80-143 KB of SASS an instance (the unquantized gathers: 22-56 KB), and a
+// 1-token call spent ~0.5 us on each few dozen instructions (trace: a block max 0.48 us, the
+// nvfp4 codes of one row 2.1 us), as if fetched from L2 (readelf of the cubin; docs/latency.md).
+//   kRowsPlain   : rows as they are (attn_tp = 1, or replicated input rows);
+//   kRowsReduced : partial rows summed over attn_tp first (phase 0);
+//   kRowsFused   : residual add + RMSNorm (partial or not: decided at run time).
+enum RowMode : int { kRowsPlain = 0, kRowsReduced = 1, kRowsFused = 2 };
+
+inline int row_mode(bool fused, int partial, int tp) {
+  return fused ? kRowsFused : partial && tp > 1 ? kRowsReduced : kRowsPlain;
+}
+
+// launch(std::integral_constant<int, mode>{}): the kernel instance of a RowMode.
+template <typename Launch>
+int with_row_mode(int mode, Launch launch) {
+  if (mode == kRowsReduced) return launch(std::integral_constant<int, kRowsReduced>{});
+  if (mode == kRowsFused) return launch(std::integral_constant<int, kRowsFused>{});
+  return launch(std::integral_constant<int, kRowsPlain>{});
+}
+
+// launch(KL, M) with both as std::integral_constant: the kernel instance for rows of `data_lanes`
+// lanes in RowMode `mode`.
+template <int F, typename Launch>
+int with_kernel_instance(int64_t data_lanes, int mode, Launch launch) {
+  return with_lanes_per_thread<F>(data_lanes,
+                                  [&](auto kl) { return with_row_mode(mode, [&](auto m) { return launch(kl, m); }); });
 }
 
 // Both launchers' grid: at least one block per row a rank stages (a block works its rows one
