@@ -113,18 +113,23 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # measured with the Lamport kernel. Where LL's workspace check blocks it (unquantized rows
     # over half an area per peer), choose() passes the call on to the Lamport rule.
     # gather_tokens' quant_one_hop (every attention-TP rank sums and quantizes its group's rows;
-    # with attn_tp = 1 it runs quant's kernel path): on TP2 (2x H200, 2026-11-23, hidden 4096,
-    # results/2xH200/quant_2xH200.md) it wins to 64 tokens (16 tokens, fp8: 7.99 vs 9.94 us) and
-    # loses from 128 (LL's partial rows to every tp peer: 13.84 vs 13.33, 512: 40.2 vs 25.9), so
-    # to 256 KiB. Not measured on 4 GPUs: there its one hop is its own DP group's only, and other
-    # groups' rows still take two (DP2xTP2); TP4 sends 3x the partial bytes.
+    # with attn_tp = 1 it runs quant's kernel path). TP2 (2x H200, 2026-11-23 05:05,
+    # results/2xH200/quant_2xH200.md): it wins at 1 and 16 tokens in every format and hidden size
+    # (fp8 h4096 16 tokens: 7.19 vs quant's 10.02 us; nvfp4 9.44 vs 12.13; fp8 h7168 10.21 vs
+    # 12.01), fp8 h4096 64 tokens (262 KB: 10.49 vs 11.31) and loses from 128 (its partial rows
+    # go to every tp peer on LL: 13.53 vs 13.11, 512: 39.2 vs 26.2) and nvfp4 h4096 at 64 tokens
+    # (147 KB: 15.48 vs 13.94; the rule follows the quantized bytes, one hop costs by the
+    # unquantized ones). To 128 KiB: the 256 KiB that run's "hybridcomm" column used lost that
+    # nvfp4 point, and no measured point lies between the two for fp8. Not measured on 4 GPUs:
+    # there its one hop is its own DP group's only (other groups' rows still take two on
+    # DP2xTP2), and TP4 sends 3x the partial bytes.
     "all_gather_v_quant": (
         Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(256 * KiB, "nvlink", "quant_one_hop"),
+        Rule(128 * KiB, "nvlink", "quant_one_hop"),
         Rule(3 * MiB, "nvlink", "quant"),
         Rule(32 * MiB, "nvlink", "quant_lamport"),
         Rule(None, "nccl", "nccl"),
