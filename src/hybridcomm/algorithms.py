@@ -113,7 +113,7 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # measured with the Lamport kernel. Where LL's workspace check blocks it (unquantized rows
     # over half an area per peer), choose() passes the call on to the Lamport rule.
     # gather_tokens' quant_one_hop (every attention-TP rank sums and quantizes its group's rows;
-    # with attn_tp = 1 it runs quant's kernel path). TP2 (2x H200, 2026-11-23 05:05,
+    # with attn_tp = 1 it runs quant's kernel path). TP2 (2x H200, 2026-11-23 04:59,
     # results/2xH200/quant_2xH200.md): it wins at 1 and 16 tokens in every format and hidden size
     # (fp8 h4096 16 tokens: 7.19 vs quant's 10.02 us; nvfp4 9.44 vs 12.13; fp8 h7168 10.21 vs
     # 12.01), fp8 h4096 64 tokens (262 KB: 10.49 vs 11.31) and loses from 128 (its partial rows
