@@ -1,6 +1,6 @@
 """Nsight Compute profiles of our kernels at decode sizes, on the GPUs there are (2 or 4).
 
-    python3 scripts/ncu_profile.py --out DIR [--world N] [--set full]
+    python3 scripts/ncu_profile.py --out DIR [--world N] [--set full] [--cases WORDS] [--stalls]
 
 Spawns `world` ranks (NCCL); rank 0 runs under `ncu` with profiling off except around one
 call per case (cudaProfilerStart/Stop), so only that call's kernel is profiled; the other
@@ -13,6 +13,11 @@ then finds the data already there and measures rank 0's own work -- launch, prol
 polling, the reduction, the epilogue -- but not the wait for the slowest peer. ncu also
 locks clocks to base and flushes caches between passes, so durations are higher than in the
 benchmarks; compare kernels with each other, and read throughput and stall reasons.
+
+--stalls: instead of the section set, the warp stall reasons per issued instruction
+(smsp__average_warps_issue_stalled_*), with caches and clocks left as the warm-up calls left
+them (--cache-control none --clock-control none): a kernel's instruction-fetch stalls
+("no_instruction") show only if its code is not already cached from the calls before.
 """
 
 from __future__ import annotations
@@ -32,6 +37,12 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     ("gather_tokens 16 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 16),
     ("gather_tokens 256 tokens, DP", "dp2", "dp4", "gather_tokens", "auto", 256),
     ("gather_tokens 16 tokens, TP", "tp2", "dp2xtp2", "gather_tokens", "auto", 16),
+    # 1-token rows: our bf16 gather beside the quantized LL kernel (plain rows) and, with partial
+    # rows, the one-hop kernel.
+    ("gather_tokens 1 token, DP", "dp2", "dp4", "gather_tokens", "auto", 1),
+    ("gather_tokens 1 token, DP, quant fp8 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 1, "fp8"),
+    ("gather_tokens 1 token, DP, quant nvfp4 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 1, "nvfp4"),
+    ("gather_tokens 1 token, TP, quant fp8 one hop", "tp2", "dp2xtp2", "gather_tokens", "quant_one_hop", 1, "fp8"),
     # The quantized gathers on Lamport (lamport_quant_gather.cu): a row per block at 128 tokens,
     # several rows per block at 512; bf16 Lamport at 512 beside them.
     ("gather_tokens 128 tokens, DP, quant fp8 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 128, "fp8"),
@@ -62,7 +73,15 @@ def _call(comm, op: str, size: int, device, quant: str | None = None):
     return lambda: comm.gather_tokens(x, tokens)
 
 
-def worker(rank: int, world: int, port: int) -> None:
+STALLS = ["--metrics", r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,"
+          "smsp__cycles_active.avg", "--cache-control", "none", "--clock-control", "none"]
+
+
+def _cases(words: str | None) -> list:
+    return [c for c in CASES if not words or any(w in c[0] for w in words.split(","))]
+
+
+def worker(rank: int, world: int, port: int, words: str | None = None) -> None:
     import torch
     import torch.distributed as dist
 
@@ -78,7 +97,7 @@ def worker(rank: int, world: int, port: int) -> None:
     # does not leave the others waiting.
     host = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
     cudart = torch.cuda.cudart()
-    for name, layout2, layout4, op, table, size, *quant in CASES:
+    for name, layout2, layout4, op, table, size, *quant in _cases(words):
         layout = hc.Layout.parse(layout2 if world == 2 else layout4)
         comm = hc.Communicator(layout, table=NAMED_TABLES[table])
         call = _call(comm, op, size, device, *quant)
@@ -109,11 +128,14 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--world", type=int, default=None, help="default: 4 with 4+ GPUs, else 2")
     parser.add_argument("--set", default="full", help="ncu section set")
+    parser.add_argument("--cases", default=None,
+                        help="only cases whose name contains one of these comma-separated words")
+    parser.add_argument("--stalls", action="store_true", help="stall reasons per issued instruction, warm caches")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.world, args.port)
+        worker(args.worker, args.world, args.port, args.cases)
         return 0
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not os.path.exists(ncu):
@@ -128,8 +150,9 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     me = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--world", str(args.world),
-          "--port", str(port)]
-    profiled = [ncu, "--profile-from-start", "off", "--set", args.set, "--target-processes", "application-only",
+          "--port", str(port)] + (["--cases", args.cases] if args.cases else [])
+    what = STALLS if args.stalls else ["--set", args.set]
+    profiled = [ncu, "--profile-from-start", "off", *what, "--target-processes", "application-only",
                 "--log-file", os.path.join(args.out, "ncu_rank0.txt")]
     procs = [subprocess.Popen((profiled if r == 0 else []) + me + ["--worker", str(r)]) for r in range(args.world)]
     codes = [p.wait(timeout=900) for p in procs]
