@@ -128,30 +128,28 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float warp_buf[kThreads / 32];
 
   LamportCall lc = begin_lamport_call(g, l, op);
-  constexpr bool fused = M == kRowsFused;  // (quant_gather.cu: why the weight decides)
-  const bool reduce = M == kRowsReduced || (fused && partial && tp > 1);
-  const bool replicated = replicated_rows(algorithm, fused, reduce);
+  const RowPlan plan = row_plan(M, algorithm, tp, partial);  // (quant_gather.cu: why the weight decides M)
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early =
-      early_row_input<T, F, KL>(in, tp == 1 || stages_every_row(algorithm, fused, tp, partial), fused, io,
-                                w.out.data_lanes);
+      early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  const TokenShape s = quant_token_shape(lc, tp, reduce, io, w.wire_units);
+  const TokenShape s = quant_token_shape(lc, tp, plan.reduce, io, w.wire_units);
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // The algorithm field holds the Lamport slot, so the quantized gathers' fields go in the
   // width's high byte (row bytes are below 2^16).
-  arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash,
-                                 (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(fused, replicated) << 24));
-  stage_my_rows<T, F, KL>(lc.cx, s, reduce, fused, replicated, in, residual, weight, residual_out, eps, io,
+  const uint64_t width = (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(plan.fused, plan.replicated) << 24;
+  arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
+  stage_my_rows<T, F, KL>(lc.cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
-                            put_quantized_row<F, KL>(lc, s, replicated, r, owned, x, global_scale, w, warp_buf);
+                            put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
                           });
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);
   // Phase 1: the units of the rows other ranks own (replicated: of other DP groups).
-  for_each_foreign_item(s, g.me, replicated, w.wire_units, [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
+  for_each_foreign_item(s, g.me, plan.replicated, w.wire_units,
+                        [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
     const int64_t i = c * w.wire_units + u;  // the owner's area rows start at its chunk's first row
     uint4 data[kMaxRanks];
     wait_units(lc, 1, owner, i, [](int) { return true; }, data);
@@ -176,9 +174,8 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
-                                    w.wire_units);
     const int mode = row_mode(weight != nullptr, partial, tp);
+    const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_units);
     status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
       return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks,
                                 kThreads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op, algorithm, tp, partial,

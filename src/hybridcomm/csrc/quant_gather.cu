@@ -67,29 +67,27 @@ __global__ void __launch_bounds__(kThreads)
   CallCtx cx = begin_call(g, op);
   // Fused iff a norm weight is given (the launcher's row_mode: never empty; an empty residual of a
   // rank with no rows has a null pointer, so it cannot tell).
-  constexpr bool fused = M == kRowsFused;
-  const bool reduce = M == kRowsReduced || (fused && partial && tp > 1);
-  const bool replicated = replicated_rows(algorithm, fused, reduce);
+  const RowPlan plan = row_plan(M, algorithm, tp, partial);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   const RowInput<T, F, KL> early =
-      early_row_input<T, F, KL>(in, tp == 1 || stages_every_row(algorithm, fused, tp, partial), fused, io,
-                                w.out.data_lanes);
+      early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
   check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
-  // Peers must agree on the format and the fusion too: both go in the algorithm field.
-  arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(fused, replicated), s.variant(partial),
-                              s.rc.hash, (uint64_t)io.row_lanes * 8));
-  stage_my_rows<T, F, KL>(cx, s, reduce, fused, replicated, in, residual, weight, residual_out, eps, io,
+  // Peers must agree on the format, the fusion and who sums partial rows: all go in the algorithm field.
+  arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(plan.fused, plan.replicated),
+                              s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
+  stage_my_rows<T, F, KL>(cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
-                            push_quantized_row<F, KL>(cx, s, replicated, r, owned, x, global_scale, w, warp_buf);
+                            push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
                           });
   HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own (replicated: of other DP groups).
-  for_each_foreign_item(s, g.me, replicated, w.wire_lanes, [&](int64_t o, int64_t l, int owner, int64_t j, int64_t) {
+  for_each_foreign_item(s, g.me, plan.replicated, w.wire_lanes,
+                        [&](int64_t o, int64_t l, int owner, int64_t j, int64_t) {
     w.store(o, l, wait_lane(cx, 1, owner, j * w.wire_lanes + l));
   });
   end_call(cx);
@@ -116,9 +114,8 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int blocks = quant_blocks(io, *g, tp, stages_every_row(algorithm, weight != nullptr, tp, partial),
-                                    w.wire_lanes);
     const int mode = row_mode(weight != nullptr, partial, tp);
+    const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_lanes);
     status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
       return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks, kThreads,
                                 quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,

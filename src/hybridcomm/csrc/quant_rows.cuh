@@ -63,15 +63,39 @@ __device__ __forceinline__ int owner_of(const TokenShape& s, int d, int64_t j) {
 
 __device__ __forceinline__ int group_of_row(const TokenShape& s, int64_t o) { return s.rc.holder(o, s.dp, 1); }
 
-// Every tp rank sums (and quantizes) every row of its DP group itself (see the top of the file).
-__host__ __device__ __forceinline__ bool replicated_rows(int algorithm, bool fused, bool reduce) {
-  return reduce && (fused || algorithm == kQuantGatherOneHop);
+// What a kernel instance does to rows besides quantizing them, a template argument of both
+// kernels: each instance holds only its own paths' code. With every path in one body the
+// kernels were 80-143 KB of SASS an instance (the unquantized gathers: 22-56 KB), and a
+// 1-token call spent ~0.5 us on each few dozen instructions (trace: a block max 0.48 us, the
+// nvfp4 codes of one row 2.1 us), as if fetched from L2 (readelf of the cubin; docs/latency.md).
+//   kRowsPlain   : rows as they are (attn_tp = 1, or replicated input rows);
+//   kRowsReduced : partial rows summed over attn_tp first (phase 0);
+//   kRowsFused   : residual add + RMSNorm (partial or not: decided at run time).
+enum RowMode : int { kRowsPlain = 0, kRowsReduced = 1, kRowsFused = 2 };
+
+inline int row_mode(bool fused, int partial, int tp) {
+  return fused ? kRowsFused : partial && tp > 1 ? kRowsReduced : kRowsPlain;
 }
 
-// A rank stages every row of its DP group (fused: for the residual output; or replicated), else
-// its chunk alone.
-__host__ __device__ __forceinline__ bool stages_every_row(int algorithm, bool fused, int tp, int partial) {
-  return fused || replicated_rows(algorithm, fused, partial && tp > 1);
+// One call's row work, derived once from its RowMode (the kernels' template argument, so there
+// the flags fold to constants), the QuantGatherAlgorithm, attn_tp and whether rows are partial;
+// read by the kernels and their launchers alike.
+struct RowPlan {
+  bool fused;          // residual add + RMSNorm
+  bool reduce;         // partial rows summed over tp first (phase 0)
+  bool replicated;     // every tp rank sums and quantizes every row of its DP group (top of the file)
+  bool every_row;      // a rank stages every row of its DP group (fused, replicated), else its chunk
+  bool from_row_zero;  // a block's first row is row blockIdx.x: loaded before arrive() (early_row_input)
+};
+
+__host__ __device__ __forceinline__ RowPlan row_plan(int mode, int algorithm, int tp, int partial) {
+  RowPlan p;
+  p.fused = mode == kRowsFused;
+  p.reduce = mode == kRowsReduced || (p.fused && partial && tp > 1);
+  p.replicated = p.reduce && (p.fused || algorithm == kQuantGatherOneHop);
+  p.every_row = p.fused || p.replicated;
+  p.from_row_zero = tp == 1 || p.every_row;
+  return p;
 }
 
 // f(peer) for every rank that receives the rows I own: every other rank, or (replicated) every
@@ -399,14 +423,13 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
 // lanes strided by the block).
 template <typename T, int F, int KL, typename Send>
-__device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, bool reduce, bool fused,
-                                              bool replicated, const uint2* __restrict__ in,
-                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
-                                              uint2* __restrict__ residual_out, float eps, const RowsArg& io,
-                                              int64_t data_lanes, RowInput<T, F, KL> next, float* row,
-                                              float* warp_buf, Send send) {
+__device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, const RowPlan& plan,
+                                              const uint2* __restrict__ in, const uint2* __restrict__ residual,
+                                              const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
+                                              float eps, const RowsArg& io, int64_t data_lanes,
+                                              RowInput<T, F, KL> next, float* row, float* warp_buf, Send send) {
   const int64_t rows = s.rc.count(s.d);
-  const bool every_row = fused || replicated;  // (stages_every_row)
+  const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
   if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
@@ -483,20 +506,6 @@ int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
   }
   static_assert(kLanesPerThread<F> <= 3, "an instance per lane count");
   return (int)cudaErrorInvalidValue;
-}
-
-// What a kernel instance does to rows besides quantizing them, a template argument of both
-// kernels: each instance holds only its own paths' code. With every path in one body the
-// kernels were 80-143 KB of SASS an instance (the unquantized gathers: 22-56 KB), and a
-// 1-token call spent ~0.5 us on each few dozen instructions (trace: a block max 0.48 us, the
-// nvfp4 codes of one row 2.1 us), as if fetched from L2 (readelf of the cubin; docs/latency.md).
-//   kRowsPlain   : rows as they are (attn_tp = 1, or replicated input rows);
-//   kRowsReduced : partial rows summed over attn_tp first (phase 0);
-//   kRowsFused   : residual add + RMSNorm (partial or not: decided at run time).
-enum RowMode : int { kRowsPlain = 0, kRowsReduced = 1, kRowsFused = 2 };
-
-inline int row_mode(bool fused, int partial, int tp) {
-  return fused ? kRowsFused : partial && tp > 1 ? kRowsReduced : kRowsPlain;
 }
 
 // launch(std::integral_constant<int, mode>{}): the kernel instance of a RowMode.
