@@ -207,5 +207,6 @@ NAMED_TABLES = {
     "two_shot": forced(ops.algorithms_where(lambda a: a.name == "two_shot")),
     "bulk": forced(ops.algorithms_where(lambda a: a.protocol is ops.BULK)),
     "lamport": forced(ops.algorithms_where(lambda a: a.protocol is ops.LAMPORT)),
+    "pipelined": forced(ops.algorithms_where(lambda a: a.protocol is ops.CHUNKED)),  # a candidate, not in TABLE
     "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

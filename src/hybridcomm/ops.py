@@ -35,6 +35,8 @@ LL = Protocol("LL", abi.LL_UNIT_BYTES, abi.LL_WIRE_FACTOR)
 BULK = Protocol("bulk", abi.BULK_UNIT_BYTES, abi.BULK_WIRE_FACTOR)
 # Payload is the flag (csrc/lamport.cuh): its own areas, of the same size, filled 1:1.
 LAMPORT = Protocol("Lamport", abi.LAMPORT_UNIT_BYTES, abi.LAMPORT_WIRE_FACTOR)
+# Full-width stores, one release flag per chunk (csrc/chunked.cuh): its own areas, of the same size.
+CHUNKED = Protocol("chunked", abi.CHUNKED_UNIT_BYTES, abi.CHUNKED_WIRE_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.AllReduceAlgorithm.TWO_SHOT, LL, chunked=True),
-        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT)),
+        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT,
+        # its own launcher (hc_all_reduce_pipelined), with chunk size and blocks (pipeline.py)
+        Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True))),
     OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (

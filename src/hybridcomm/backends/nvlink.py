@@ -18,7 +18,8 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import LAMPORT, OPS, op_name
+from ..ops import CHUNKED, LAMPORT, OPS, op_name
+from ..pipeline import PipelineParams, params_for
 from ..quant import QuantizedRows
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
 
@@ -34,6 +35,8 @@ class NvlinkBackend:
         self.workspace = Workspace(comm.layout, comm.groups, comm.device,
                                    workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
         self.handles: dict[str, int] = {}
+        # The pipelined two-shot's chunk size and blocks: None = pipeline.PIPELINE_TABLE by size.
+        self.pipeline: PipelineParams | None = None
         if self.workspace.args:
             lib = build.load(build.device_arch())
             self.handles = {name: kernels.register_group(lib, args, self.workspace.lamport_args[name])
@@ -73,6 +76,9 @@ class NvlinkBackend:
     def all_reduce(self, x, group: Group, algorithm):
         if _is_lamport("all_reduce", algorithm):
             return kernels.call("lamport_all_reduce", x, self.handles[group.name], self.pdl)
+        if OPS["all_reduce"].algorithm(algorithm).protocol is CHUNKED:
+            p = self.pipeline or params_for(x.numel() * x.element_size())
+            return kernels.call("all_reduce_pipelined", x, self.handles[group.name], p.chunk_bytes, p.blocks, self.pdl)
         return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm), self.pdl)
 
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm, quant=None):
@@ -183,7 +189,7 @@ MISMATCH_WORDS = {
     CallField.DTYPE: "dtype",
     CallField.ALGORITHM: "algorithm (other sizes or another selection table? or Lamport slots out of step "
                          "since an earlier mismatch: docs/lamport.md)",
-    CallField.VARIANT: "attn_tp / partial",
+    CallField.VARIANT: "attn_tp / partial (all_reduce: the pipelined two-shot's chunk size)",
     CallField.COUNTS: "row counts (sizes)",
     CallField.WIDTH: "row width in bytes (all_reduce: message bytes)",
 }

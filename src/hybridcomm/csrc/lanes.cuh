@@ -75,6 +75,22 @@ __device__ __forceinline__ void sum_lanes(const uint2 (&v)[kMaxRanks], int n, fl
   }
 }
 
+// Sum of 16-byte units (two lanes each) over sources 0..n-1 in order, fp32, rounded once to T.
+template <typename T>
+__device__ __forceinline__ uint4 sum_units(const uint4 (&v)[kMaxRanks], int n) {
+  uint2 lo[kMaxRanks], hi[kMaxRanks];
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) {
+    lo[s] = make_uint2(v[s].x, v[s].y);
+    hi[s] = make_uint2(v[s].z, v[s].w);
+  }
+  float a[4], b[4];
+  sum_lanes<T>(lo, n, a);
+  sum_lanes<T>(hi, n, b);
+  const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
+  return make_uint4(ra.x, ra.y, rb.x, rb.y);
+}
+
 // Lane i summed over sources 0..n-1 in order, in fp32. Source `self` (-1: none) is `local`;
 // the others are packets in my area `phase`, source s being group member member_base + s.
 template <typename T>

@@ -1,0 +1,136 @@
+// all_reduce for large messages: a two-shot pipelined in chunks on the chunked protocol.
+//
+// Rank j owns shard j of the message (chunk_begin cuts it as the other two-shots do). Each
+// shard is cut into chunks of `chunk` units (16 bytes); chunk c of every shard is handled by
+// block c % blocks of every rank, in three steps:
+//   send:   my input's chunk c of shard p goes into peer p's area A, then one flag per peer;
+//   reduce: once every peer's chunk c of my shard is there, sum it with mine in fp32 in group
+//           order (the reference's bits), write it to my output and into every peer's area B;
+//   gather: once every peer's reduced chunk c of its shard is there, copy it to my output.
+// A block runs them as a software pipeline over its chunks: at step i it sends its i-th
+// chunk, reduces its (i-1)-th and gathers its (i-2)-th. So the reduce of one chunk overlaps
+// the transfer of the next, all blocks of all ranks keep NVLink busy in both phases, and a
+// wait is normally for data sent a step earlier. Every wait is for a chunk of a smaller
+// index or an earlier step of the same chunk, so ranks may even run different block counts.
+//
+// Push, not pull (docs/architecture.md, "The bandwidth path"): the input is read once, where
+// it lies, and sent with posted stores; the receiver reads its own memory.
+#include "chunked.cuh"
+#include "launch.cuh"
+
+namespace hc {
+
+// The message cut into one shard per member, each shard into chunks of `chunk` units.
+struct Shards {
+  int64_t units, chunk;
+  int n;
+
+  __device__ __forceinline__ int64_t begin(int j) const { return chunk_begin(units, j, n); }
+  // Units of chunk c of shard j (0 past its end; shards differ by at most one unit).
+  __device__ __forceinline__ int64_t piece(int j, int64_t c) const {
+    const int64_t left = begin(j + 1) - begin(j) - c * chunk;
+    return left <= 0 ? 0 : left < chunk ? left : chunk;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ void send_chunk(const CallCtx& cx, const Shards& sh, const uint4* __restrict__ in,
+                                           int64_t c) {
+  const GroupArgs& g = cx.g;
+  cx.everyone().for_each_other([&](int peer) {
+    const uint4* src = in + sh.begin(peer) + c * sh.chunk;
+    copy_units(chunked_area(cx, g.regions[peer], 0, g.me) + c * sh.chunk, sh.piece(peer, c),
+               [&](int64_t u) { return fix_reserved<T>(src[u]); });
+  });
+  release_chunk(cx, 0, c);
+}
+
+template <typename T>
+__device__ __forceinline__ void reduce_chunk(const CallCtx& cx, const Shards& sh, const uint4* __restrict__ in,
+                                             uint4* __restrict__ out, int64_t c) {
+  const GroupArgs& g = cx.g;
+  const int n = g.nranks, me = g.me;
+  wait_chunk(cx, 0, c);
+  const int64_t first = c * sh.chunk, len = sh.piece(me, c), mine = sh.begin(me) + first;
+  const uint4* from[kMaxRanks];  // where each source's part of this chunk landed
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) from[s] = s < n ? chunked_area(cx, g.regions[me], 0, s) + first : nullptr;
+  for (int64_t u = threadIdx.x; u < len; u += blockDim.x) {
+    uint4 v[kMaxRanks];
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      if (s < n) v[s] = s == me ? fix_reserved<T>(in[mine + u]) : __ldcg(from[s] + u);
+    }
+    const uint4 r = sum_units<T>(v, n);
+    out[mine + u] = r;
+    cx.everyone().for_each_other([&](int peer) { chunked_area(cx, g.regions[peer], 1, me)[first + u] = r; });
+  }
+  release_chunk(cx, 1, c);
+}
+
+__device__ __forceinline__ void gather_chunk(const CallCtx& cx, const Shards& sh, uint4* __restrict__ out,
+                                             int64_t c) {
+  const GroupArgs& g = cx.g;
+  wait_chunk(cx, 1, c);
+  cx.everyone().for_each_other([&](int src) {
+    const uint4* from = chunked_area(cx, g.regions[g.me], 1, src) + c * sh.chunk;
+    copy_units(out + sh.begin(src) + c * sh.chunk, sh.piece(src, c), [&](int64_t u) { return __ldcg(from + u); });
+  });
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    all_reduce_pipelined(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units,
+                         int64_t chunk, int variant) {
+  const CallCtx cx = begin_call(g, kAllReduce);
+  arrive(cx, make_fingerprint(kAllReduce, Lane<T>::kDType, kAllReduceTwoShotPipelined, variant, 0,
+                              (uint64_t)units * kChunkedUnitBytes));
+  const Shards sh{units, chunk, g.nranks};
+  const int64_t longest = (units + g.nranks - 1) / g.nranks, chunks = (longest + chunk - 1) / chunk;
+  const int64_t mine = blockIdx.x < chunks ? (chunks - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  auto nth = [&](int64_t i) { return (int64_t)blockIdx.x + i * gridDim.x; };
+  for (int64_t i = 0; i < mine + 2; ++i) {
+    if (i < mine) send_chunk<T>(cx, sh, in, nth(i));
+    if (i >= 1 && i <= mine) reduce_chunk<T>(cx, sh, in, out, nth(i - 1));
+    if (i >= 2) gather_chunk(cx, sh, out, nth(i - 2));
+  }
+  end_call(cx);
+}
+
+// The fingerprint's variant field: log2(chunk_bytes / kMinChunkBytes), or -1 for a chunk size
+// the launcher does not take (a power of two in [kMinChunkBytes, kMaxChunkBytes]).
+inline int chunk_variant(int64_t chunk_bytes) {
+  int v = 0;
+  for (int64_t b = kMinChunkBytes; b <= kMaxChunkBytes; b *= 2, ++v)
+    if (b == chunk_bytes) return v;
+  return -1;
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// nbytes: a multiple of kRowAlignBytes whose shards fit one area. chunk_bytes: see
+// chunk_variant; raised (identically on every rank) where a shard would need more than
+// kMaxChunks chunks. blocks: at most one per SM (all must be resident) and one per chunk.
+extern "C" int hc_all_reduce_pipelined(const GroupArgs* g, int dtype, const void* in, void* out, int64_t nbytes,
+                                       int64_t chunk_bytes, int blocks, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launch
+  const int variant = chunk_variant(chunk_bytes);
+  if (nbytes % kRowAlignBytes || variant < 0 || blocks < 1) return (int)cudaErrorInvalidValue;
+  const int64_t units = nbytes / kChunkedUnitBytes, longest = ceil_div(units, g->nranks);
+  if (!fits_area(longest * kChunkedUnitBytes, kChunkedWireFactor, g->area_bytes)) return (int)cudaErrorInvalidValue;
+  int64_t chunk = chunk_bytes / kChunkedUnitBytes;
+  while (ceil_div(longest, chunk) > kMaxChunks) chunk *= 2;
+  int64_t grid = ceil_div(longest, chunk);
+  if (grid > blocks) grid = blocks;
+  if (grid > g->max_blocks) grid = g->max_blocks;
+  if (grid < 1) grid = 1;
+  const auto* x = (const uint4*)in;
+  auto* y = (uint4*)out;
+  HC_DISPATCH_DTYPE(dtype, {
+    status = launch_kernel(all_reduce_pipelined<Elem>, (int)grid, kThreads, stream, pdl, *g, x, y, units, chunk,
+                           variant);
+  });
+  return status;
+}
