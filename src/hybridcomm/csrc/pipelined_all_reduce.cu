@@ -45,25 +45,46 @@ __device__ __forceinline__ void send_chunk(const CallCtx& cx, const Shards& sh, 
   release_chunk(cx, 0, c);
 }
 
-template <typename T>
+// The group size as a compile-time constant where the kernel is built for one (kRanks: 2, 4),
+// so the reduce keeps kReduceBatch units' loads of every source in registers; 0: any size
+// up to kMaxRanks, one unit at a time (8 sources x 2 units would spill).
+template <int kRanks>
+struct Geometry {
+  static constexpr int kSources = kRanks ? kRanks : kMaxRanks;  // entries of the per-source arrays
+  static constexpr int kReduceBatch = kRanks ? 2 : 1;
+  __device__ __forceinline__ static int members(const GroupArgs& g) { return kRanks ? kRanks : g.nranks; }
+};
+
+template <typename T, int kRanks>
 __device__ __forceinline__ void reduce_chunk(const CallCtx& cx, const Shards& sh, const uint4* __restrict__ in,
                                              uint4* __restrict__ out, int64_t c) {
+  using G = Geometry<kRanks>;
   const GroupArgs& g = cx.g;
-  const int n = g.nranks, me = g.me;
+  const int n = G::members(g), me = g.me;
   wait_chunk(cx, 0, c);
   const int64_t first = c * sh.chunk, len = sh.piece(me, c), mine = sh.begin(me) + first;
-  const uint4* from[kMaxRanks];  // where each source's part of this chunk landed
+  const uint4* from[G::kSources];  // where each source's part of this chunk landed
 #pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) from[s] = s < n ? chunked_area(cx, g.regions[me], 0, s) + first : nullptr;
-  for (int64_t u = threadIdx.x; u < len; u += blockDim.x) {
-    uint4 v[kMaxRanks];
+  for (int s = 0; s < G::kSources; ++s) from[s] = s < n ? chunked_area(cx, g.regions[me], 0, s) + first : nullptr;
+  // kReduceBatch units per thread: all their loads in flight before the first sum.
+  for (int64_t base = threadIdx.x; base < len; base += G::kReduceBatch * (int64_t)blockDim.x) {
+    uint4 v[G::kReduceBatch][G::kSources];
 #pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      if (s < n) v[s] = s == me ? fix_reserved<T>(in[mine + u]) : __ldcg(from[s] + u);
+    for (int k = 0; k < G::kReduceBatch; ++k) {
+      const int64_t u = base + k * (int64_t)blockDim.x;
+#pragma unroll
+      for (int s = 0; s < G::kSources; ++s) {
+        if (s < n && u < len) v[k][s] = s == me ? fix_reserved<T>(in[mine + u]) : __ldcg(from[s] + u);
+      }
     }
-    const uint4 r = sum_units<T>(v, n);
-    out[mine + u] = r;
-    cx.everyone().for_each_other([&](int peer) { chunked_area(cx, g.regions[peer], 1, me)[first + u] = r; });
+#pragma unroll
+    for (int k = 0; k < G::kReduceBatch; ++k) {
+      const int64_t u = base + k * (int64_t)blockDim.x;
+      if (u >= len) break;
+      const uint4 r = sum_units<T>(v[k], n);
+      out[mine + u] = r;
+      cx.everyone().for_each_other([&](int peer) { chunked_area(cx, g.regions[peer], 1, me)[first + u] = r; });
+    }
   }
   release_chunk(cx, 1, c);
 }
@@ -78,7 +99,7 @@ __device__ __forceinline__ void gather_chunk(const CallCtx& cx, const Shards& sh
   });
 }
 
-template <typename T>
+template <typename T, int kRanks>
 __global__ void __launch_bounds__(kThreads)
     all_reduce_pipelined(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units,
                          int64_t chunk, int variant) {
@@ -91,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
   auto nth = [&](int64_t i) { return (int64_t)blockIdx.x + i * gridDim.x; };
   for (int64_t i = 0; i < mine + 2; ++i) {
     if (i < mine) send_chunk<T>(cx, sh, in, nth(i));
-    if (i >= 1 && i <= mine) reduce_chunk<T>(cx, sh, in, out, nth(i - 1));
+    if (i >= 1 && i <= mine) reduce_chunk<T, kRanks>(cx, sh, in, out, nth(i - 1));
     if (i >= 2) gather_chunk(cx, sh, out, nth(i - 2));
   }
   end_call(cx);
@@ -129,8 +150,9 @@ extern "C" int hc_all_reduce_pipelined(const GroupArgs* g, int dtype, const void
   const auto* x = (const uint4*)in;
   auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
-    status = launch_kernel(all_reduce_pipelined<Elem>, (int)grid, kThreads, stream, pdl, *g, x, y, units, chunk,
-                           variant);
+    auto kernel = g->nranks == 2 ? all_reduce_pipelined<Elem, 2>
+                  : g->nranks == 4 ? all_reduce_pipelined<Elem, 4> : all_reduce_pipelined<Elem, 0>;
+    status = launch_kernel(kernel, (int)grid, kThreads, stream, pdl, *g, x, y, units, chunk, variant);
   });
   return status;
 }
