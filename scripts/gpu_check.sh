@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer quant model nodes ncu
+#   stages: info build test check ops transitions layer quant model nodes ncu sweep
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -41,7 +41,7 @@ for stage in $stages; do
     # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_quant.py \
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_pipelined.py tests/test_gpu_quant.py \
            tests/test_hf_gpu.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
@@ -63,6 +63,8 @@ for stage in $stages; do
       # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
       run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
         --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
+    # the pipelined two-shot all_reduce's (chunk, blocks) against the baselines (~2 minutes)
+    sweep) run sweep python3 scripts/pipeline_sweep.py --world "$WORLD" --out "$LOGS/sweep_$TAG" ;;
     quant) run quant python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --hidden 4096,7168 \
              --tokens 1,16,64,128,256,512,1024 --out "$LOGS/quant_$TAG.json" ;;
     # The main job and the real-shaped models (Qwen3-30B-A3B shapes), NCCL vs hybridcomm.
