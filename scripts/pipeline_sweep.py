@@ -2,22 +2,22 @@
 one run: nccl-tests-like lines (time, algbw, busbw) per size and implementation.
 
     python3 scripts/pipeline_sweep.py --world 2 [--sizes 512K,2M,8M,32M] [--chunks 4K,16K,64K]
-        [--blocks 8,16,32] [--out DIR]
+        [--blocks 8,16,32] [--workspace-mib N] [--out DIR]
 
 Needs GPUs. Per size: the baselines (NCCL, NCCL with symmetric windows, torch symm_mem one- /
 two-shot), the selection table's choice ("hybridcomm"), the bulk two-shot and the Lamport
 one-shot forced, and the pipelined two-shot forced with every (chunk, blocks) pair
 ("pipe <chunk>/<blocks>"). Timing is bench/timing.py's (CUDA graph replays, median of
-repeats, max over ranks). The pipelined Communicator's workspace is sized for the largest
-shard (workspace_bytes = size / world), so every size runs. With --out: sweep.json (every
-record) and sweep.md (the same lines) there, to fill pipeline.PIPELINE_TABLE from.
+repeats, max over ranks). The pipelined Communicator has the default workspace (4 MiB per
+peer: a message beyond world x 4 MiB runs as several calls of the kernel, as it would in use)
+unless --workspace-mib says otherwise. With --out: sweep.json (every record) and sweep.md (the
+same lines) there, to fill pipeline.PIPELINE_TABLE from.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -34,7 +34,7 @@ def parse_bytes(text: str) -> int:
     return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
-def _timings(sizes: list[int], pairs: list[tuple[int, int]]) -> list[dict]:
+def _timings(sizes: list[int], pairs: list[tuple[int, int]], workspace_bytes: int | None) -> list[dict]:
     """Worker entry (every rank): one record per (size, implementation)."""
     import hybridcomm as hc
     from hybridcomm.algorithms import forced
@@ -46,9 +46,9 @@ def _timings(sizes: list[int], pairs: list[tuple[int, int]]) -> list[dict]:
     n = dist.get_world_size()
     layout = hc.Layout(n)
     biggest = max(sizes)
-    area = max(4 * MiB, math.ceil(biggest / n / 16) * 16)
     auto = hc.Communicator(layout)
-    pipelined = hc.Communicator(layout, table=forced({"all_reduce": "two_shot_pipelined"}), workspace_bytes=area)
+    pipelined = hc.Communicator(layout, table=forced({"all_reduce": "two_shot_pipelined"}),
+                                workspace_bytes=workspace_bytes)
     others = {name: hc.Communicator(layout, table=forced({"all_reduce": name})) for name in OTHERS}
     symm, sm = NcclSymmetricBuffers([biggest], auto.device), SymmMemBuffer(biggest, auto.device)
     records = []
@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="512K,2M,8M,32M", help="message sizes (bytes; K / M suffixes)")
     parser.add_argument("--chunks", default="4K,16K,64K,256K", help="chunk sizes (powers of two, 1K-512K)")
     parser.add_argument("--blocks", default="8,16,32,64", help="blocks per kernel")
+    parser.add_argument("--workspace-mib", type=int, default=0,
+                        help="workspace per peer of the pipelined Communicator (0: the default)")
     parser.add_argument("--out", help="directory for sweep.json and sweep.md")
     args = parser.parse_args()
     sizes = [parse_bytes(s) for s in args.sizes.split(",")]
@@ -125,13 +127,14 @@ def main() -> None:
     from hybridcomm.spmd import SpmdPool
 
     with SpmdPool(args.world, "cuda") as pool:
-        records = pool.run(_timings, sizes, pairs, timeout=900)[0]
+        records = pool.run(_timings, sizes, pairs, (args.workspace_mib << 20) or None, timeout=900)[0]
     text = table(records, args.world)
     print(text)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "sweep.json").write_text(json.dumps({"world": args.world, "records": records}, indent=1))
+        (out / "sweep.json").write_text(json.dumps({"world": args.world, "workspace_mib": args.workspace_mib,
+                                                    "records": records}, indent=1))
         (out / "sweep.md").write_text(text + "\n")
 
 

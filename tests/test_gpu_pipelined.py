@@ -6,6 +6,7 @@ Bit for bit against the oracle (fp32 sums in group order) on random data, at siz
 chunks per block and chunk sizes the kernel must raise; every dtype; one CUDA graph replayed
 200 times that interleaves it with the other all_reduce algorithms on the same group (so the
 monotonic per-chunk flags and the slots stay in step with the LL / bulk / Lamport calls);
+messages beyond the workspace (the launcher cuts them into several calls);
 a peer that skips a call (PeerTimeout); ranks that pass different chunk sizes (ArgumentMismatch).
 """
 
@@ -42,6 +43,7 @@ SETTINGS = [
     (1 * MiB, 8 * KiB, 64),                # more blocks than chunks
     (4 * MiB - 16 * WORLD, 64 * KiB, 32),  # uneven shards, the last chunk one unit short
     (WORLD * 4 * MiB, 1 * KiB, 24),        # a full area per peer; 4096 chunks of 1 KiB: the flag limit
+    (WORLD * 8 * MiB + 48, 64 * KiB, 32),  # beyond the workspace: two full calls and one of 3 units
 ]
 
 
@@ -132,8 +134,11 @@ def _mixed_table():
 
 # (bytes, pipeline params or None) per call of the graph, in order; the algorithm follows from
 # the size. Pipelined calls with different chunk sizes and block counts, back to back too.
+# The communicator's workspace is small (MIXED_AREA per peer), so the pipelined calls above
+# WORLD x MIXED_AREA run as several calls of the kernel.
+MIXED_AREA = 256 * KiB
 MIXED_CALLS = [(8 * KiB, None), (1 * MiB + 16 * 3, (1 * KiB, 7)), (32 * KiB, None), (3 * MiB, (16 * KiB, 32)),
-               (3 * MiB, (4 * KiB, 5)), (96 * KiB, None), (192 * KiB, None), (512 * KiB, (2 * KiB, 16)),
+               (3 * MiB, (4 * KiB, 5)), (96 * KiB, None), (192 * KiB, None), (320 * KiB + 16, (2 * KiB, 16)),
                (2 * KiB, None)]
 
 
@@ -144,7 +149,7 @@ def _mixed_graph_replays(replays: int, seed: int) -> dict:
     from hybridcomm.pipeline import PipelineParams
 
     kernels.poison_outputs = True
-    comm = hc.Communicator(hc.Layout(WORLD), table=_mixed_table())
+    comm = hc.Communicator(hc.Layout(WORLD), table=_mixed_table(), workspace_bytes=MIXED_AREA)
     nvlink = comm.backends["nvlink"]
     inputs = [torch.empty(n // 2, dtype=torch.bfloat16, device=comm.device) for n, _ in MIXED_CALLS]
     chosen = []

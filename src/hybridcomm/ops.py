@@ -46,6 +46,8 @@ class Algorithm:
     protocol: Protocol = LL
     # A flat message cut into one chunk per member (two-shot all_reduce): each peer gets 1/n.
     chunked: bool = False
+    # A message beyond the workspace runs as several calls (the launcher cuts it): no size limit.
+    sliced: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         Algorithm("two_shot", abi.AllReduceAlgorithm.TWO_SHOT, LL, chunked=True),
         Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT,
         # its own launcher (hc_all_reduce_pipelined), with chunk size and blocks (pipeline.py)
-        Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True))),
+        Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True,
+                  sliced=True))),
     OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (

@@ -67,7 +67,7 @@ class NvlinkBackend:
             nbytes = (max(sizes.host) if sizes.host is not None else x.shape[0]) * row_bytes
         per_peer = spec.per_peer_bytes(alg, nbytes, group.size)
         capacity = alg.protocol.capacity(self.workspace.area_bytes)
-        if per_peer > capacity:
+        if per_peer > capacity and not alg.sliced:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
                     f"{capacity} (raise workspace_bytes)")
         return None

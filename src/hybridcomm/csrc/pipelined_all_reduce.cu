@@ -127,32 +127,48 @@ inline int chunk_variant(int64_t chunk_bytes) {
   return -1;
 }
 
-}  // namespace hc
-
-using namespace hc;
-
-// nbytes: a multiple of kRowAlignBytes whose shards fit one area. chunk_bytes: see
-// chunk_variant; raised (identically on every rank) where a shard would need more than
-// kMaxChunks chunks. blocks: at most one per SM (all must be resident) and one per chunk.
-extern "C" int hc_all_reduce_pipelined(const GroupArgs* g, int dtype, const void* in, void* out, int64_t nbytes,
-                                       int64_t chunk_bytes, int blocks, int pdl, cudaStream_t stream) {
-  int status = 0;  // cudaError_t of the launch
-  const int variant = chunk_variant(chunk_bytes);
-  if (nbytes % kRowAlignBytes || variant < 0 || blocks < 1) return (int)cudaErrorInvalidValue;
-  const int64_t units = nbytes / kChunkedUnitBytes, longest = ceil_div(units, g->nranks);
-  if (!fits_area(longest * kChunkedUnitBytes, kChunkedWireFactor, g->area_bytes)) return (int)cudaErrorInvalidValue;
+// One call on `units` units whose shards fit one area.
+template <typename T>
+int launch_call(const GroupArgs& g, const uint4* in, uint4* out, int64_t units, int64_t chunk_bytes, int variant,
+                int blocks, int pdl, cudaStream_t stream) {
+  const int64_t longest = ceil_div(units, g.nranks);
   int64_t chunk = chunk_bytes / kChunkedUnitBytes;
   while (ceil_div(longest, chunk) > kMaxChunks) chunk *= 2;
   int64_t grid = ceil_div(longest, chunk);
   if (grid > blocks) grid = blocks;
-  if (grid > g->max_blocks) grid = g->max_blocks;
+  if (grid > g.max_blocks) grid = g.max_blocks;
   if (grid < 1) grid = 1;
+  auto kernel = g.nranks == 2 ? all_reduce_pipelined<T, 2>
+                : g.nranks == 4 ? all_reduce_pipelined<T, 4> : all_reduce_pipelined<T, 0>;
+  return launch_kernel(kernel, (int)grid, kThreads, stream, pdl, g, in, out, units, chunk, variant);
+}
+
+}  // namespace hc
+
+using namespace hc;
+
+// nbytes: a multiple of kRowAlignBytes. A message whose shards do not fit one area runs as
+// consecutive calls on slices of members x area bytes (each with its own flag and slot, like
+// any two calls; the same cut on every rank), so any size runs on the default workspace.
+// chunk_bytes: see chunk_variant; raised (identically on every rank) where a shard would need
+// more than kMaxChunks chunks. blocks: at most one per SM (all must be resident) and one per
+// chunk are launched.
+extern "C" int hc_all_reduce_pipelined(const GroupArgs* g, int dtype, const void* in, void* out, int64_t nbytes,
+                                       int64_t chunk_bytes, int blocks, int pdl, cudaStream_t stream) {
+  int status = 0;  // cudaError_t of the launches
+  const int variant = chunk_variant(chunk_bytes);
+  const int64_t slice = (int64_t)(g->area_bytes / kChunkedUnitBytes) * g->nranks;  // units per call
+  if (nbytes % kRowAlignBytes || variant < 0 || blocks < 1 || slice < 1) return (int)cudaErrorInvalidValue;
+  const int64_t units = nbytes / kChunkedUnitBytes;
   const auto* x = (const uint4*)in;
   auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
-    auto kernel = g->nranks == 2 ? all_reduce_pipelined<Elem, 2>
-                  : g->nranks == 4 ? all_reduce_pipelined<Elem, 4> : all_reduce_pipelined<Elem, 0>;
-    status = launch_kernel(kernel, (int)grid, kThreads, stream, pdl, *g, x, y, units, chunk, variant);
+    int64_t first = 0;
+    do {
+      const int64_t part = units - first < slice ? units - first : slice;
+      status = launch_call<Elem>(*g, x + first, y + first, part, chunk_bytes, variant, blocks, pdl, stream);
+      first += part;
+    } while (status == 0 && first < units);
   });
   return status;
 }
