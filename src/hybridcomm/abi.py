@@ -35,6 +35,7 @@ CHUNKED_UNIT_BYTES, CHUNKED_WIRE_FACTOR = 16, 1
 MAX_CHUNKS = 4096  # release flags per (phase, source)
 CHUNK_FLAG_BYTES = 2 * MAX_RANKS * MAX_CHUNKS * 4
 MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1024, 512 * 1024  # chunk sizes: powers of two between
+CHUNKED_ONE_SHOT = 4  # the fingerprint's algorithm field of the row ops' pipelined one-shots
 
 
 # -- codes --------------------------------------------------------------------------------------
@@ -147,6 +148,7 @@ C_NAMES: dict[str, int] = {
     "kLamportSlots": LAMPORT_SLOTS, "kLamportStateWords": LAMPORT_STATE_WORDS, "kLamportOneShot": LAMPORT_ONE_SHOT,
     "kChunkedUnitBytes": CHUNKED_UNIT_BYTES, "kChunkedWireFactor": CHUNKED_WIRE_FACTOR, "kMaxChunks": MAX_CHUNKS,
     "kChunkFlagBytes": CHUNK_FLAG_BYTES, "kMinChunkBytes": MIN_CHUNK_BYTES, "kMaxChunkBytes": MAX_CHUNK_BYTES,
+    "kChunkedOneShot": CHUNKED_ONE_SHOT,
     **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
@@ -211,4 +213,6 @@ SIGNATURES = {
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # pipelined two-shot all_reduce (pipelined_all_reduce.cu): dtype, in, out, nbytes, chunk_bytes, blocks
     "hc_all_reduce_pipelined": [_G, _I, _P, _P, _I64, _I64, _I, _I, _P],
+    # pipelined one-shot all_gather_v (pipelined_all_gather_v.cu): hc_all_gather_v's, then chunk_bytes, blocks
+    "hc_all_gather_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
 }

@@ -82,6 +82,9 @@ class OpSpec:
 ONE_SHOT = Algorithm("one_shot", None)
 # Every op's one-shot on the Lamport protocol: its own launcher (hc_lamport_<op>), so no code.
 ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
+# A one-shot pipelined in chunks on the chunked protocol (its own launcher; chunk size and blocks
+# from pipeline.py): all_gather_v.
+ONE_SHOT_PIPELINED = Algorithm("one_shot_pipelined", None, CHUNKED)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -90,7 +93,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         # its own launcher (hc_all_reduce_pipelined), with chunk size and blocks (pipeline.py)
         Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True,
                   sliced=True))),
-    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
+    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
     OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT),

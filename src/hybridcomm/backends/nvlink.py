@@ -54,8 +54,8 @@ class NvlinkBackend:
             return (f"quantized rows of shape {tuple(x.shape[1:])}: the kernel takes a hidden size that is a "
                     f"multiple of 16, at most {MAX_QUANT_HIDDEN}")
         alg = spec.algorithm(algorithm)
-        if alg.protocol is LAMPORT and x.dtype not in DTYPE_CODE:
-            return f"the Lamport protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
+        if alg.protocol in (LAMPORT, CHUNKED) and x.dtype not in DTYPE_CODE:
+            return f"the {alg.protocol.name} protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
         if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
             if nbytes % ROW_ALIGN_BYTES:
@@ -76,8 +76,8 @@ class NvlinkBackend:
     def all_reduce(self, x, group: Group, algorithm):
         if _is_lamport("all_reduce", algorithm):
             return kernels.call("lamport_all_reduce", x, self.handles[group.name], self.pdl)
-        if OPS["all_reduce"].algorithm(algorithm).protocol is CHUNKED:
-            p = self.pipeline or params_for(x.numel() * x.element_size())
+        if _protocol("all_reduce", algorithm) is CHUNKED:
+            p = self._pipeline(x.numel() * x.element_size())
             return kernels.call("all_reduce_pipelined", x, self.handles[group.name], p.chunk_bytes, p.blocks, self.pdl)
         return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm), self.pdl)
 
@@ -85,11 +85,19 @@ class NvlinkBackend:
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=True)
         if quant is not None:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
+        if _protocol("all_gather_v", algorithm) is CHUNKED:
+            p = self._pipeline(out_rows * math.prod(x.shape[1:]) * x.element_size())
+            return kernels.call("all_gather_v_pipelined", x, sizes.device, list(sizes.host or ()),
+                                self.handles[group.name], out_rows, p.chunk_bytes, p.blocks, self.pdl)
         if _is_lamport("all_gather_v", algorithm):
             return kernels.call("lamport_all_gather_v", x, sizes.device, list(sizes.host or ()),
                                                              self.handles[group.name], out_rows, self.pdl)
         return kernels.call("all_gather_v", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
                                                  out_rows, self.pdl)
+
+    def _pipeline(self, nbytes: int) -> PipelineParams:
+        """The pipelined algorithms' chunk size and blocks: the override, else by message size."""
+        return self.pipeline or params_for(nbytes)
 
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
@@ -195,8 +203,12 @@ MISMATCH_WORDS = {
 }
 
 
+def _protocol(op: str, algorithm: str):
+    return OPS[op].algorithm(algorithm).protocol
+
+
 def _is_lamport(op: str, algorithm: str) -> bool:
-    return OPS[op].algorithm(algorithm).protocol is LAMPORT
+    return _protocol(op, algorithm) is LAMPORT
 
 
 def _code(op: str, algorithm: str) -> int:

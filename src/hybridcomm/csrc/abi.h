@@ -58,6 +58,9 @@ constexpr int kMaxChunks = 4096;
 constexpr int kChunkFlagBytes = 2 * kMaxRanks * kMaxChunks * 4;
 constexpr int kMinChunkBytes = 1024;
 constexpr int kMaxChunkBytes = 512 * 1024;
+// The fingerprint's algorithm field of the pipelined one-shots on the chunked protocol (row
+// ops): differs from the LL one-shot's 0 and the Lamport one-shot's kLamportOneShot + slot.
+constexpr int kChunkedOneShot = 4;
 
 // The capacity rule (ops.py `Protocol.fits` is its host mirror): what one source sends one
 // peer in one phase must fit one receive area.

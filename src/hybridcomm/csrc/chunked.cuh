@@ -1,6 +1,6 @@
 // The chunked protocol: full-width stores into areas of their own, one release flag per chunk.
 //
-// For the bandwidth path (pipelined_all_reduce.cu). A sender writes a chunk of its payload
+// For the bandwidth path (pipelined_all_reduce.cu, pipelined_all_gather_v.cu). A sender writes a chunk of its payload
 // into a peer's area with plain 16-byte stores (16 bytes of payload each), then, after a
 // barrier, one thread per peer fences and stores the call's flag into that peer's flag for
 // (phase, me, chunk). The receiver waits for the flags of one chunk from every source, then
@@ -47,13 +47,18 @@ __device__ __forceinline__ void release_chunk(const CallCtx& cx, int phase, int6
     release_flag(chunk_flag(cx, g.regions[threadIdx.x], phase, g.me, chunk), cx.flag);
 }
 
-// Waits until every peer has released `chunk` of `phase` into my region (one thread polls each
-// source, so the wait costs one latency, not one per source).
-__device__ __forceinline__ void wait_chunk(const CallCtx& cx, int phase, int64_t chunk) {
+// Waits until every peer s with wants(s) has released `chunk` of `phase` into my region (one
+// thread polls each source, so the wait costs one latency, not one per source).
+template <typename Wants>
+__device__ __forceinline__ void wait_chunk(const CallCtx& cx, int phase, int64_t chunk, Wants wants) {
   const GroupArgs& g = cx.g;
-  if (threadIdx.x < g.nranks && threadIdx.x != g.me)
+  if (threadIdx.x < g.nranks && threadIdx.x != g.me && wants((int)threadIdx.x))
     wait_flag(cx, chunk_flag(cx, g.regions[g.me], phase, threadIdx.x, chunk), threadIdx.x);
   __syncthreads();
+}
+
+__device__ __forceinline__ void wait_chunk(const CallCtx& cx, int phase, int64_t chunk) {
+  wait_chunk(cx, phase, chunk, [](int) { return true; });
 }
 
 // Copies units [0, len) of src to dst, this block's threads striding, kBatch loads in flight per
@@ -75,6 +80,33 @@ __device__ __forceinline__ void copy_units(uint4* dst, int64_t len, Load load) {
       if (u < len) dst[u] = v[k];
     }
   }
+}
+
+// -- host side of the launchers --------------------------------------------------------------
+
+// The fingerprint's variant field: log2(chunk_bytes / kMinChunkBytes), or -1 for a chunk size
+// the launchers do not take (a power of two in [kMinChunkBytes, kMaxChunkBytes]).
+inline int chunk_variant(int64_t chunk_bytes) {
+  int v = 0;
+  for (int64_t b = kMinChunkBytes; b <= kMaxChunkBytes; b *= 2, ++v)
+    if (b == chunk_bytes) return v;
+  return -1;
+}
+
+// Units per chunk for a source part of `longest` units: chunk_bytes, doubled (the same on every
+// rank) until the part needs at most kMaxChunks chunks (flags).
+inline int64_t chunk_units(int64_t longest, int64_t chunk_bytes) {
+  int64_t chunk = chunk_bytes / kChunkedUnitBytes;
+  while ((longest + chunk - 1) / chunk > kMaxChunks) chunk *= 2;
+  return chunk;
+}
+
+// Blocks to launch: the caller's, at most one per chunk and one per SM (all must be resident).
+inline int pipeline_blocks(int64_t chunks, int blocks, const GroupArgs& g) {
+  int64_t b = blocks;
+  if (b > chunks) b = chunks;
+  if (b > g.max_blocks) b = g.max_blocks;
+  return b < 1 ? 1 : (int)b;
 }
 
 }  // namespace hc

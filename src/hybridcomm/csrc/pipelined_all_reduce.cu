@@ -118,29 +118,15 @@ __global__ void __launch_bounds__(kThreads)
   end_call(cx);
 }
 
-// The fingerprint's variant field: log2(chunk_bytes / kMinChunkBytes), or -1 for a chunk size
-// the launcher does not take (a power of two in [kMinChunkBytes, kMaxChunkBytes]).
-inline int chunk_variant(int64_t chunk_bytes) {
-  int v = 0;
-  for (int64_t b = kMinChunkBytes; b <= kMaxChunkBytes; b *= 2, ++v)
-    if (b == chunk_bytes) return v;
-  return -1;
-}
-
 // One call on `units` units whose shards fit one area.
 template <typename T>
 int launch_call(const GroupArgs& g, const uint4* in, uint4* out, int64_t units, int64_t chunk_bytes, int variant,
                 int blocks, int pdl, cudaStream_t stream) {
-  const int64_t longest = ceil_div(units, g.nranks);
-  int64_t chunk = chunk_bytes / kChunkedUnitBytes;
-  while (ceil_div(longest, chunk) > kMaxChunks) chunk *= 2;
-  int64_t grid = ceil_div(longest, chunk);
-  if (grid > blocks) grid = blocks;
-  if (grid > g.max_blocks) grid = g.max_blocks;
-  if (grid < 1) grid = 1;
+  const int64_t longest = ceil_div(units, g.nranks), chunk = chunk_units(longest, chunk_bytes);
+  const int grid = pipeline_blocks(ceil_div(longest, chunk), blocks, g);
   auto kernel = g.nranks == 2 ? all_reduce_pipelined<T, 2>
                 : g.nranks == 4 ? all_reduce_pipelined<T, 4> : all_reduce_pipelined<T, 0>;
-  return launch_kernel(kernel, (int)grid, kThreads, stream, pdl, g, in, out, units, chunk, variant);
+  return launch_kernel(kernel, grid, kThreads, stream, pdl, g, in, out, units, chunk, variant);
 }
 
 }  // namespace hc
