@@ -1,6 +1,6 @@
 """GPU tests of the pipelined algorithms on the chunked protocol (csrc/chunked.cuh): the
-two-shot all_reduce (csrc/pipelined_all_reduce.cu) and the one-shot all_gather_v
-(csrc/pipelined_all_gather_v.cu). Skipped without 2 GPUs; world 4 where 4 exist, else 2.
+two-shot all_reduce (csrc/pipelined_all_reduce.cu) and the one-shots of all_gather_v and
+reduce_scatter_v (csrc/pipelined_<op>.cu). Skipped without 2 GPUs; world 4 where 4 exist, else 2.
 
 Bit for bit against the oracle (fp32 sums in group order) on random data, at sizes and
 (chunk, blocks) settings that give empty shards, partial last chunks, odd chunk counts, several
@@ -9,7 +9,7 @@ chunks per block and chunk sizes the kernel must raise; every dtype; one CUDA gr
 monotonic per-chunk flags and the slots stay in step with the LL / bulk / Lamport calls);
 messages beyond the workspace (the launcher cuts them into several calls);
 a peer that skips a call (PeerTimeout); ranks that pass different chunk sizes (ArgumentMismatch).
-all_gather_v: uneven counts with zeros, host- and device-side, every dtype, reserved NaNs, a
+all_gather_v / reduce_scatter_v: uneven counts with zeros, host- and device-side, every dtype, reserved NaNs, a
 whole area per source, three (chunk, blocks) settings; one graph replayed 200 times with random
 device-side counts.
 """
@@ -241,10 +241,10 @@ def test_ranks_with_different_chunk_sizes_raise_argument_mismatch_and_stay_usabl
         assert ok
 
 
-# -- all_gather_v: the pipelined one-shot ---------------------------------------------------------
-def _gather_cases(seed: int):
-    """Uneven rows (zeros included) of 129 units, host- and device-side counts, every dtype;
-    and 8 KiB rows filling a whole area (512 rows per source)."""
+# -- all_gather_v / reduce_scatter_v: the pipelined one-shots -----------------------------------
+def _row_cases(op: str, seed: int):
+    """Uneven rows (zeros included) of 129 units, host- and device-side counts, every dtype,
+    reserved NaNs; and 8 KiB rows filling a whole area (512 rows per member)."""
     from hybridcomm import Layout
     from hybridcomm.check import Case
 
@@ -254,44 +254,49 @@ def _gather_cases(seed: int):
         for data in ("randn", "reserved"):
             for device_sizes in (False, True):
                 sizes = tuple(rng.choice((0, 1, 5, 37, 64)) for _ in range(WORLD - 1)) + (rng.randint(1, 70),)
-                cases.append(Case("all_gather_v", Layout(WORLD), sizes, row_shape=(width,), dtype=dtype, data=data,
+                cases.append(Case(op, Layout(WORLD), sizes, row_shape=(width,), dtype=dtype, data=data,
                                   device_sizes=device_sizes, seed=rng.randrange(1 << 30)))
-    cases.append(Case("all_gather_v", Layout(WORLD), (512,) * WORLD, row_shape=(4096,), dtype="bfloat16",
-                      data="randn", seed=3))
+    cases.append(Case(op, Layout(WORLD), (512,) * WORLD, row_shape=(4096,), dtype="bfloat16", data="randn", seed=3))
     return cases
 
 
-def _check_gathers(cases, settings):
+def _check_rows(cases, settings):
     import hybridcomm.kernels as kernels
     from hybridcomm.check import check_cases, communicator
     from hybridcomm.pipeline import PipelineParams
 
     kernels.poison_outputs = True
-    nvlink = communicator(cases[0].layout, "auto", "pipelined").backends["nvlink"]
+    comm = communicator(cases[0].layout, "auto", "pipelined")
+    nvlink = comm.backends["nvlink"]
     failures = []
     for chunk, blocks in settings:
         nvlink.pipeline = PipelineParams(chunk, blocks)
-        failures += [f"chunk {chunk} blocks {blocks}: {o.case}: {o.detail}"
-                     for o in check_cases(cases, "auto", "all", table="pipelined") if not o.ok]
+        for outcome in check_cases(cases, "auto", "all", table="pipelined"):
+            if not outcome.ok:
+                failures.append(f"chunk {chunk} blocks {blocks}: {outcome.case}: {outcome.detail}")
+    comm.check_errors()
     nvlink.pipeline = None
     return failures
 
 
 @pytest.mark.timeout(600)
-def test_all_gather_v_bit_for_bit_with_uneven_counts_and_every_dtype(pool):
+@pytest.mark.parametrize("op", ["all_gather_v", "reduce_scatter_v"])
+def test_row_ops_bit_for_bit_with_uneven_counts_and_every_dtype(pool, op):
     settings = [(1 * KiB, 5), (4 * KiB, 64), (64 * KiB, 16)]
-    _assert_none(pool(WORLD, "cuda").run(_check_gathers, _gather_cases(31), settings, timeout=500))
+    _assert_none(pool(WORLD, "cuda").run(_check_rows, _row_cases(op, 31), settings, timeout=500))
 
 
 @pytest.mark.timeout(900)
-def test_all_gather_v_graph_replayed_200_times_with_random_device_side_counts(pool):
+@pytest.mark.parametrize("op", ["all_gather_v", "reduce_scatter_v"])
+def test_row_ops_graph_replayed_200_times_with_random_device_side_counts(pool, op):
     from hybridcomm import Layout
     from hybridcomm.check import Case, replay_check
 
-    template = Case("all_gather_v", Layout(WORLD), (0,) * WORLD, row_shape=(4096,), dtype="bfloat16", data="randn",
+    template = Case(op, Layout(WORLD), (0,) * WORLD, row_shape=(4096,), dtype="bfloat16", data="randn",
                     device_sizes=True)
     per_rank = pool(WORLD, "cuda").run(replay_check, template, 200, 40, "pipelined", 13, timeout=800)
     for rank, result in enumerate(per_rank):
         assert result["mismatches"] == 0, f"rank {rank}: {result['failures']}"
-    for it in range(200):
-        assert len({r["digests"][it] for r in per_rank}) == 1, f"replay {it}: ranks hold different bits"
+    if op == "all_gather_v":  # every rank holds the same gathered bits
+        for it in range(200):
+            assert len({r["digests"][it] for r in per_rank}) == 1, f"replay {it}: ranks hold different bits"

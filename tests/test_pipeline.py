@@ -57,11 +57,12 @@ def test_region_ends_with_the_chunk_flags_and_two_slots_of_two_chunked_areas(mem
     assert abi.MIN_CHUNK_BYTES * abi.MAX_CHUNKS >= workspace.DEFAULT_AREA_BYTES
 
 
-def test_all_gather_v_has_a_pipelined_one_shot_limited_by_the_area():
-    alg = ops.OPS["all_gather_v"].algorithm("one_shot_pipelined")
-    assert alg.protocol is ops.CHUNKED and not alg.chunked and not alg.sliced  # a source's rows fit one area
-    assert ops.OPS["all_gather_v"].per_peer_bytes(alg, 3 * MiB, 4) == 3 * MiB
-    assert algorithms.NAMED_TABLES["pipelined"]["all_gather_v"] == (algorithms.Rule(None, "nvlink", alg.name),)
-    assert all(rule.algorithm != alg.name for rule in algorithms.TABLE["all_gather_v"])
+@pytest.mark.parametrize("op", ["all_gather_v", "reduce_scatter_v"])
+def test_row_ops_have_a_pipelined_one_shot_limited_by_the_area(op):
+    alg = ops.OPS[op].algorithm("one_shot_pipelined")
+    assert alg.protocol is ops.CHUNKED and not alg.chunked and not alg.sliced  # a member's rows fit one area
+    assert ops.OPS[op].per_peer_bytes(alg, 3 * MiB, 4) == 3 * MiB
+    assert algorithms.NAMED_TABLES["pipelined"][op] == (algorithms.Rule(None, "nvlink", alg.name),)
+    assert all(rule.algorithm != alg.name for rule in algorithms.TABLE[op])
     # its fingerprint differs from the LL one-shot's (0) and the Lamport one-shot's (8 + slot)
     assert abi.CHUNKED_ONE_SHOT not in (0, *range(abi.LAMPORT_ONE_SHOT, abi.LAMPORT_ONE_SHOT + abi.LAMPORT_SLOTS))

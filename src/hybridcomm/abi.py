@@ -213,6 +213,7 @@ SIGNATURES = {
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # pipelined two-shot all_reduce (pipelined_all_reduce.cu): dtype, in, out, nbytes, chunk_bytes, blocks
     "hc_all_reduce_pipelined": [_G, _I, _P, _P, _I64, _I64, _I, _I, _P],
-    # pipelined one-shot all_gather_v (pipelined_all_gather_v.cu): hc_all_gather_v's, then chunk_bytes, blocks
+    # pipelined one-shots (pipelined_<op>.cu): hc_<op>'s arguments, then chunk_bytes, blocks, then pdl, stream
     "hc_all_gather_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
+    "hc_reduce_scatter_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
 }

@@ -83,7 +83,7 @@ ONE_SHOT = Algorithm("one_shot", None)
 # Every op's one-shot on the Lamport protocol: its own launcher (hc_lamport_<op>), so no code.
 ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 # A one-shot pipelined in chunks on the chunked protocol (its own launcher; chunk size and blocks
-# from pipeline.py): all_gather_v.
+# from pipeline.py): all_gather_v, reduce_scatter_v.
 ONE_SHOT_PIPELINED = Algorithm("one_shot_pipelined", None, CHUNKED)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
@@ -94,7 +94,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True,
                   sliced=True))),
     OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
-    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
+    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows",
+           (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),

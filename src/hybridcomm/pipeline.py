@@ -1,7 +1,8 @@
 """The knobs of the pipelined algorithms on the chunked protocol (the two-shot all_reduce,
-csrc/pipelined_all_reduce.cu; the one-shot all_gather_v, csrc/pipelined_all_gather_v.cu): how
-big a chunk is and how many blocks run the pipeline, per message size (all_gather_v: the
-gathered output's bytes; it reuses the all_reduce's entries until it is measured on its own).
+csrc/pipelined_all_reduce.cu; the one-shots of all_gather_v and reduce_scatter_v,
+csrc/pipelined_<op>.cu): how big a chunk is and how many blocks run the pipeline, per message
+size (the op's message tensor, ops.OPS; the row ops reuse the all_reduce's entries until they
+are measured on their own).
 
 A chunk is the unit of the pipeline: one release flag per chunk, and the reduce of chunk k
 overlaps the transfer of chunk k + 1. Smaller chunks pipeline more finely and pay more flags;

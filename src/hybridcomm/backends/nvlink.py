@@ -86,9 +86,7 @@ class NvlinkBackend:
         if quant is not None:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
         if _protocol("all_gather_v", algorithm) is CHUNKED:
-            p = self._pipeline(out_rows * math.prod(x.shape[1:]) * x.element_size())
-            return kernels.call("all_gather_v_pipelined", x, sizes.device, list(sizes.host or ()),
-                                self.handles[group.name], out_rows, p.chunk_bytes, p.blocks, self.pdl)
+            return self._pipelined_rows("all_gather_v", x, sizes, group, out_rows, out_rows)
         if _is_lamport("all_gather_v", algorithm):
             return kernels.call("lamport_all_gather_v", x, sizes.device, list(sizes.host or ()),
                                                              self.handles[group.name], out_rows, self.pdl)
@@ -99,8 +97,16 @@ class NvlinkBackend:
         """The pipelined algorithms' chunk size and blocks: the override, else by message size."""
         return self.pipeline or params_for(nbytes)
 
+    def _pipelined_rows(self, op: str, x, sizes: Sizes, group: Group, out_rows: int, message_rows: int):
+        """A pipelined one-shot over rows; message_rows: the rows of the op's message tensor."""
+        p = self._pipeline(message_rows * math.prod(x.shape[1:]) * x.element_size())
+        return kernels.call(f"{op}_pipelined", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
+                            out_rows, p.chunk_bytes, p.blocks, self.pdl)
+
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
+        if _protocol("reduce_scatter_v", algorithm) is CHUNKED:
+            return self._pipelined_rows("reduce_scatter_v", x, sizes, group, out_rows, x.shape[0])
         if _is_lamport("reduce_scatter_v", algorithm):
             return kernels.call("lamport_reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
                                                                  self.handles[group.name], out_rows, self.pdl)

@@ -45,47 +45,19 @@ __device__ __forceinline__ void send_chunk(const CallCtx& cx, const Shards& sh, 
   release_chunk(cx, 0, c);
 }
 
-// The group size as a compile-time constant where the kernel is built for one (kRanks: 2, 4),
-// so the reduce keeps kReduceBatch units' loads of every source in registers; 0: any size
-// up to kMaxRanks, one unit at a time (8 sources x 2 units would spill).
-template <int kRanks>
-struct Geometry {
-  static constexpr int kSources = kRanks ? kRanks : kMaxRanks;  // entries of the per-source arrays
-  static constexpr int kReduceBatch = kRanks ? 2 : 1;
-  __device__ __forceinline__ static int members(const GroupArgs& g) { return kRanks ? kRanks : g.nranks; }
-};
-
 template <typename T, int kRanks>
 __device__ __forceinline__ void reduce_chunk(const CallCtx& cx, const Shards& sh, const uint4* __restrict__ in,
                                              uint4* __restrict__ out, int64_t c) {
-  using G = Geometry<kRanks>;
   const GroupArgs& g = cx.g;
-  const int n = G::members(g), me = g.me;
+  const int me = g.me;
   wait_chunk(cx, 0, c);
-  const int64_t first = c * sh.chunk, len = sh.piece(me, c), mine = sh.begin(me) + first;
-  const uint4* from[G::kSources];  // where each source's part of this chunk landed
-#pragma unroll
-  for (int s = 0; s < G::kSources; ++s) from[s] = s < n ? chunked_area(cx, g.regions[me], 0, s) + first : nullptr;
-  // kReduceBatch units per thread: all their loads in flight before the first sum.
-  for (int64_t base = threadIdx.x; base < len; base += G::kReduceBatch * (int64_t)blockDim.x) {
-    uint4 v[G::kReduceBatch][G::kSources];
-#pragma unroll
-    for (int k = 0; k < G::kReduceBatch; ++k) {
-      const int64_t u = base + k * (int64_t)blockDim.x;
-#pragma unroll
-      for (int s = 0; s < G::kSources; ++s) {
-        if (s < n && u < len) v[k][s] = s == me ? fix_reserved<T>(in[mine + u]) : __ldcg(from[s] + u);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < G::kReduceBatch; ++k) {
-      const int64_t u = base + k * (int64_t)blockDim.x;
-      if (u >= len) break;
-      const uint4 r = sum_units<T>(v[k], n);
-      out[mine + u] = r;
-      cx.everyone().for_each_other([&](int peer) { chunked_area(cx, g.regions[peer], 1, me)[first + u] = r; });
-    }
-  }
+  const int64_t first = c * sh.chunk, mine = sh.begin(me) + first;
+  reduce_units<T, kRanks>(cx, 0, first, sh.piece(me, c), [&](int64_t u) { return fix_reserved<T>(in[mine + u]); },
+                          [&](int64_t u, uint4 r) {
+                            out[mine + u] = r;
+                            cx.everyone().for_each_other(
+                                [&](int peer) { chunked_area(cx, g.regions[peer], 1, me)[first + u] = r; });
+                          });
   release_chunk(cx, 1, c);
 }
 
@@ -107,13 +79,12 @@ __global__ void __launch_bounds__(kThreads)
   arrive(cx, make_fingerprint(kAllReduce, Lane<T>::kDType, kAllReduceTwoShotPipelined, variant, 0,
                               (uint64_t)units * kChunkedUnitBytes));
   const Shards sh{units, chunk, g.nranks};
-  const int64_t longest = (units + g.nranks - 1) / g.nranks, chunks = (longest + chunk - 1) / chunk;
-  const int64_t mine = blockIdx.x < chunks ? (chunks - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  auto nth = [&](int64_t i) { return (int64_t)blockIdx.x + i * gridDim.x; };
-  for (int64_t i = 0; i < mine + 2; ++i) {
-    if (i < mine) send_chunk<T>(cx, sh, in, nth(i));
-    if (i >= 1 && i <= mine) reduce_chunk<T, kRanks>(cx, sh, in, out, nth(i - 1));
-    if (i >= 2) gather_chunk(cx, sh, out, nth(i - 2));
+  const int64_t longest = (units + g.nranks - 1) / g.nranks;
+  const int64_t steps = block_chunks((longest + chunk - 1) / chunk);
+  for (int64_t i = 0; i < steps + 2; ++i) {
+    if (i < steps) send_chunk<T>(cx, sh, in, nth_chunk(i));
+    if (i >= 1 && i <= steps) reduce_chunk<T, kRanks>(cx, sh, in, out, nth_chunk(i - 1));
+    if (i >= 2) gather_chunk(cx, sh, out, nth_chunk(i - 2));
   }
   end_call(cx);
 }
