@@ -10,7 +10,7 @@ monotonic per-chunk flags and the slots stay in step with the LL / bulk / Lampor
 messages beyond the workspace (the launcher cuts them into several calls);
 a peer that skips a call (PeerTimeout); ranks that pass different chunk sizes (ArgumentMismatch).
 all_gather_v / reduce_scatter_v: uneven counts with zeros, host- and device-side, every dtype, reserved NaNs, a
-whole area per source, three (chunk, blocks) settings; one graph replayed 200 times with random
+whole area per member, two (chunk, blocks) settings; one graph replayed 100 times with random
 device-side counts.
 """
 
@@ -282,21 +282,21 @@ def _check_rows(cases, settings):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("op", ["all_gather_v", "reduce_scatter_v"])
 def test_row_ops_bit_for_bit_with_uneven_counts_and_every_dtype(pool, op):
-    settings = [(1 * KiB, 5), (4 * KiB, 64), (64 * KiB, 16)]
+    settings = [(1 * KiB, 5), (64 * KiB, 64)]
     _assert_none(pool(WORLD, "cuda").run(_check_rows, _row_cases(op, 31), settings, timeout=500))
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("op", ["all_gather_v", "reduce_scatter_v"])
-def test_row_ops_graph_replayed_200_times_with_random_device_side_counts(pool, op):
+def test_row_ops_graph_replayed_100_times_with_random_device_side_counts(pool, op):
     from hybridcomm import Layout
     from hybridcomm.check import Case, replay_check
 
     template = Case(op, Layout(WORLD), (0,) * WORLD, row_shape=(4096,), dtype="bfloat16", data="randn",
                     device_sizes=True)
-    per_rank = pool(WORLD, "cuda").run(replay_check, template, 200, 40, "pipelined", 13, timeout=800)
+    per_rank = pool(WORLD, "cuda").run(replay_check, template, 100, 40, "pipelined", 13, timeout=800)
     for rank, result in enumerate(per_rank):
         assert result["mismatches"] == 0, f"rank {rank}: {result['failures']}"
     if op == "all_gather_v":  # every rank holds the same gathered bits
-        for it in range(200):
+        for it in range(100):
             assert len({r["digests"][it] for r in per_rank}) == 1, f"replay {it}: ranks hold different bits"
