@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer quant model nodes ncu sweep
+#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace sweep
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -41,8 +41,9 @@ for stage in $stages; do
     # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_pipelined.py tests/test_gpu_quant.py \
-           tests/test_hf_gpu.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
+           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
+           tests/test_gpu_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_hf_gpu.py tests/test_pdl.py \
+           tests/test_gpu_pipelined.py "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
@@ -53,6 +54,8 @@ for stage in $stages; do
              --tokens 1,4,16,64,256 --imbalanced --out "$LOGS/layer_$TAG.json" ;;
     # ~1-3 minutes: rank 0's kernels under Nsight Compute (scripts/ncu_profile.py says what the numbers mean)
     ncu) run ncu timeout "${NCU_TIMEOUT:-300}" python3 scripts/ncu_profile.py --world "$WORLD" --out "$LOGS/ncu_$TAG" ;;
+    # ~1 minute after its build: per-rank, per-phase times from in-kernel timestamps (scripts/latency_trace.py)
+    trace) run trace timeout "${TRACE_TIMEOUT:-600}" python3 scripts/latency_trace.py --world "$WORLD" --out "$LOGS" ;;
     nodes)
       run nodes_test timeout 1800 python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
         tests/test_multinode.py
@@ -65,11 +68,21 @@ for stage in $stages; do
         --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
     # the pipelined two-shot all_reduce's (chunk, blocks) against the baselines (~2 minutes)
     sweep) run sweep python3 scripts/pipeline_sweep.py --world "$WORLD" --out "$LOGS/sweep_$TAG" ;;
+    # fp8 experts fed by the fp8 gather (docs/quantization.md): bf16, fp8, nvfp4 gathers, NCCL vs ours
+    # shellcheck disable=SC2086
+    layer_quant) run layer_quant python3 -m hybridcomm bench layer $LAYER_LAYOUTS --tokens 1,16,128 \
+                   --quant none,fp8,nvfp4 --steps 10 --out "$LOGS/layer_quant_$TAG.json" ;;
     quant) run quant python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --hidden 4096,7168 \
              --tokens 1,16,64,128,256,512,1024 --out "$LOGS/quant_$TAG.json" ;;
+    # ~1 minute: producer (GEMM, elementwise, ours) -> our op with launch overlap off and on
+    pdl) run pdl python3 -m hybridcomm bench pdl --world "$WORLD" --out "$LOGS/pdl_$TAG.json" ;;
     # The main job and the real-shaped models (Qwen3-30B-A3B shapes), NCCL vs hybridcomm.
     model) run model python3 -m hybridcomm bench model --layout "$MAIN" --out "$LOGS/model_$TAG.json"
            run model_tp python3 -m hybridcomm bench model --layout "tp$WORLD" --out "$LOGS/model_tp_$TAG.json" ;;
+    # A selection table from this machine's measurements (bench ops + transitions, their results
+    # kept beside it as table_<tag>_{ops,transitions}.json), then every op routed by it.
+    tune) run tune timeout "${TUNE_TIMEOUT:-600}" python3 -m hybridcomm tune --world "$WORLD" --out "$LOGS/table_$TAG.json"
+          run tune_check python3 -m hybridcomm check --world "$WORLD" --device cuda --quick --table "$LOGS/table_$TAG.json" ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -94,7 +94,7 @@ def test_launcher_signatures_in_abi_py_match_the_sources():
         text = re.sub(r"//[^\n]*", "", source.read_text())
         for name, params in re.findall(r'extern\s+"C"\s+int\s+(hc_\w+)\s*\(([^)]*)\)', text):
             types = []
-            for param in params.split(","):
+            for param in params.split(",") if params.strip() else []:
                 words = param.replace("*", " * ").split()[:-1]  # drop the parameter name
                 words = [w for w in words if w != "const"]
                 spelled = "".join(words) if words[0] in ("GroupArgs", "LamportArgs") else " ".join(words)
@@ -113,3 +113,25 @@ def test_lamport_args_layout_matches_the_header(tmp_path):
     got = dict(line.split() for line in run_probe(tmp_path, body) if line)
     expected = {"size": abi.ctypes.sizeof(abi.LamportArgs), **{f: getattr(abi.LamportArgs, f).offset for f in fields}}
     assert {k: int(v) for k, v in got.items()} == expected
+
+
+@pytest.mark.timeout(600)
+def test_the_trace_variant_compiles_and_its_rings_match_trace_py(tmp_path):
+    # The trace hooks (csrc/trace.cuh) sit in the shared headers: compile the files that pass
+    # through every hook (LL, bulk and Lamport waits, end_call) and the registry, link them, and
+    # ask the library (no GPU needed) how many rings registered and how large one is.
+    from hybridcomm import trace
+
+    objects = []
+    for name in ("all_reduce.cu", "lamport_all_reduce.cu", "trace.cu"):
+        objects.append(tmp_path / (name + ".o"))
+        cmd = [build.nvcc_path(), *build.NVCC_FLAGS, *build.VARIANTS["trace"], build.gencode("90a"), "-c",
+               str(build.CSRC / name), "-o", str(objects[-1])]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+    lib_path = tmp_path / "libtrace.so"
+    subprocess.run([build.nvcc_path(), "-shared", build.gencode("90a"), *map(str, objects), "-o", str(lib_path)],
+                   check=True)
+    lib = abi.ctypes.CDLL(str(lib_path))
+    assert lib.hc_trace_rings() == 2  # one per kernel file; the registry has none
+    assert lib.hc_trace_ring_bytes() == trace.RING_HEADER + trace.RECORDS * trace.RECORD.itemsize

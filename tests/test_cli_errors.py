@@ -23,11 +23,15 @@ MISTAKES = {
     ("bench", "layer", "--steps", "0"): ["--steps", "positive integer", "'0'"],
     ("bench", "layer", "--tokens", "4,x"): ["--tokens", "'x'"],
     ("bench", "layer", "--backends", "fast"): ["--backends", "'fast'"],
+    ("bench", "layer", "--quant", "fp8,int4"): ["--quant", "'int4'", "none"],
     ("bench", "layer", "--device", "cpu", "--backends", "nccl"): ["--backends nccl needs --device cuda"],
     ("bench", "layer", "--device", "cpu", "--layout", "world=6,attn_tp=3"): ["heads", "attn_tp=3"],
     ("check", "--world", "0"): ["--world", "positive integer"],
     ("check", "--device", "cpu", "--backend", "nccl", "--world", "2"): ["--backend nccl needs --device cuda"],
     ("check", "--device", "gpu"): ["--device", "invalid choice"],
+    ("check", "--table", "fastest"): ["--table", "'fastest' is not a named table", "4xH200"],
+    ("tune", "--tolerance", "5"): ["--tolerance", "[0, 1)", "'5'"],
+    ("tune", "--from", "no_such_results.json"): ["--from no_such_results.json", "cannot read"],
 }
 
 
@@ -53,7 +57,9 @@ def test_a_user_mistake_is_one_line_on_stderr_and_exit_code_2(argv, capsys):
 @pytest.mark.parametrize("argv", [("check", "--device", "cuda", "--world", "2"),
                                   ("bench", "ops", "--device", "cuda", "--world", "2"),
                                   ("bench", "layer", "--device", "cuda"),
-                                  ("check", "--backend", "nvlink")])
+                                  ("bench", "pdl"),
+                                  ("check", "--backend", "nvlink"),
+                                  ("tune", "--world", "2")])
 def test_no_gpu_is_one_line_too(argv, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code, out = _run(argv, capsys)

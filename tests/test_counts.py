@@ -70,3 +70,41 @@ def test_counts_reused_over_a_group_of_another_size(pool):
 def test_bad_own_count(bad):
     with pytest.raises((TypeError, ValueError), match="own"):
         hc.Counts(bad)
+
+
+def _own_count_left_to_the_kernel_or_exchanged():
+    from hybridcomm import counts as counts_mod
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    comm = hc.Communicator(Layout(n, attn_tp=2))
+    world, cpu = comm.groups["world"], torch.device("cpu")
+    own = lambda: torch.tensor([rank + 1], dtype=torch.int32)  # noqa: E731
+    assert counts_mod.in_kernel(hc.Counts(rank), world, cpu) is None  # an int: exchanged before the op
+    kernel = object()  # stands for the nvlink backend, which a CPU communicator has not
+    comm.backends["nvlink"] = kernel
+    # The chosen algorithm's registry entry (ops.Algorithm.own_count) decides.
+    calls = []
+    real = dist.all_gather_into_tensor
+    dist.all_gather_into_tensor = lambda *a, **k: calls.append(a) or real(*a, **k)
+    try:
+        left = hc.Counts(own())
+        s = counts_mod.in_kernel(left, world, cpu)
+        assert s.own is not None and tuple(s.device.shape) == (n,) and s.device.dtype == torch.int32
+        assert comm._settle_counts(left, s, "gather_tokens", kernel, "one_shot_lamport", world) is s
+        assert left.sizes is s.device and left.group == "world" and not calls  # for the kernel to fill
+        assert counts_mod.in_kernel(left, world, cpu) is None  # exchanged (by that kernel) once
+        for op, backend, algorithm in (("gather_tokens_quant", kernel, "quant"),
+                                       ("gather_tokens", comm.backends["reference"], None)):
+            before = len(calls)
+            now = hc.Counts(own())
+            settled = comm._settle_counts(now, counts_mod.in_kernel(now, world, cpu), op, backend, algorithm, world)
+            assert len(calls) == before + 1 and settled.own is None
+            assert settled.device.tolist() == list(range(1, n + 1)) and now.sizes is settled.device
+    finally:
+        dist.all_gather_into_tensor = real
+        del comm.backends["nvlink"]
+    return True
+
+
+def test_own_device_count_is_left_to_kernels_that_exchange_it_and_exchanged_before_others(pool):
+    assert all(pool(4).run(_own_count_left_to_the_kernel_or_exchanged))

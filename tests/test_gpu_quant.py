@@ -11,7 +11,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case
+from hybridcomm.check import Case, communicator
 from hybridcomm.quant import FORMATS
 from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_cases, quant_replay_check
 
@@ -78,16 +78,27 @@ REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("ga
            ("all_gather_v", True, False)]
 
 
+def _replay_check(qcase: QuantCase, pdl: bool, *args) -> dict:
+    """quant_replay_check with the kernel launched with PDL or without (csrc/pdl.cuh)."""
+    nvlink = communicator(qcase.case.layout, "auto").backends["nvlink"]  # the one quant_replay_check uses
+    saved, nvlink.pdl = nvlink.pdl, pdl
+    try:
+        return quant_replay_check(qcase, *args)
+    finally:
+        nvlink.pdl = saved
+
+
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("pdl", [True, False], ids=["pdl", "no_pdl"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("op,partial,fused", REPLAYS)
-def test_graph_replays_with_new_device_counts(pool, fmt, op, partial, fused):
+def test_graph_replays_with_new_device_counts(pool, fmt, op, partial, fused, pdl):
     world = _world()
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         n = world if op == "all_gather_v" else lay.attn_dp
         case = Case(op, lay, (1,) * n, row_shape=(512,), dtype="bfloat16", data="randn", partial=partial,
                     fused=fused, device_sizes=True)
-        per_rank = pool(world, "cuda").run(quant_replay_check, QuantCase(case, fmt), 12, 24, 5, timeout=600)
+        per_rank = pool(world, "cuda").run(_replay_check, QuantCase(case, fmt), pdl, 12, 24, 5, timeout=600)
         failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res["failures"]]
         assert not failures, f"{lay.name}:\n" + "\n".join(failures[:20])
         for it in range(12):  # every rank holds the same gathered bits

@@ -18,7 +18,7 @@ import torch
 MAX_RANKS = 8
 THREADS = 512
 MAX_BLOCKS = 256
-ARRIVAL_BYTES = 2 * MAX_RANKS * 16  # one LL arrival packet per (slot, source)
+ARRIVAL_BYTES = 2 * 2 * MAX_RANKS * 16  # two LL packets per (slot, source): arrival and own count
 FLAG_BYTES = ARRIVAL_BYTES + 2 * MAX_RANKS * MAX_BLOCKS * 4
 STATE_WORDS = 4
 ROW_ALIGN_BYTES = 16  # rows (and all_reduce messages) are a multiple of this
@@ -197,23 +197,30 @@ _P, _I, _I64, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
 _G, _L = ctypes.POINTER(GroupArgs), ctypes.POINTER(LamportArgs)
 # extern "C" launchers: argument types (each returns int, a cudaError_t value).
 # Every launcher's last two: pdl (launch overlapping the previous kernel, csrc/pdl.cuh), stream.
+# The gathers' own_count (after sizes_host): this rank's count alone in device memory, exchanged
+# inside the kernel, which then writes every member's count to sizes_device (csrc/own_count.cuh).
 SIGNATURES = {
     "hc_all_reduce": [_G, _I, _I, _P, _P, _I64, _I, _P],
-    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_all_gather_v": [_G, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_reduce_scatter_v": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
-    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
-    # quantized gather (quant_gather.cu): launched without PDL for now, so no pdl argument
-    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _P],
+    # quantized gather (quant_gather.cu)
+    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # Lamport one-shots (lamport_*.cu)
     "hc_lamport_all_reduce": [_G, _L, _I, _P, _P, _I64, _I, _P],
-    "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_reduce_scatter_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
-    "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # pipelined two-shot all_reduce (pipelined_all_reduce.cu): dtype, in, out, nbytes, chunk_bytes, blocks
     "hc_all_reduce_pipelined": [_G, _I, _P, _P, _I64, _I64, _I, _I, _P],
     # pipelined one-shots (pipelined_<op>.cu): hc_<op>'s arguments, then chunk_bytes, blocks, then pdl, stream
     "hc_all_gather_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
     "hc_reduce_scatter_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
+    # the trace build's rings (trace.cu, read by hybridcomm/trace.py; the normal build has none)
+    "hc_trace_rings": [],
+    "hc_trace_ring_bytes": [],
+    "hc_trace_copy": [_I, _P, _P],
+    "hc_trace_clear": [_P],
 }

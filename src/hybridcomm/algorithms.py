@@ -12,7 +12,10 @@ access, rows a multiple of 16 bytes, per-peer data within the workspace); otherw
 op goes to NCCL and the reason is logged at DEBUG level on logger "hybridcomm".
 
 Thresholds come from `hybridcomm bench ops` / `bench transitions` on 4x H200
-(results/): the size where the next algorithm starts winning.
+(results/): the size where the next algorithm starts winning. `hybridcomm tune` derives a
+table from such results as data (tune.py, table_file.py; tables/4xH200.json is its reading of
+the same run, README says where it differs from this one); `Communicator(table="4xH200")` or
+a file's path loads one.
 
 Groups that span nodes use the table of their node count (TABLES: the entry with the largest
 node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
@@ -24,6 +27,7 @@ there come from the cost model (costmodel.py) until measured on real nodes.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -76,15 +80,22 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
     # Quantized gathers (hybridcomm.quant, csrc/quant_gather.cu); message = the gathered bytes
-    # (data + scales). results/4xH200/quant_4xH200.md: the kernel beats quantize-then-NCCL 2.6-10x
-    # to 256 tokens per rank (DP4, hidden 4096); past this limit, or past the workspace (LL: half
-    # of workspace_bytes per peer), NCCL runs it. Not tuned further yet.
+    # (data + scales). results/4xH200/quant_4xH200.md (hidden 4096, 1-1024 tokens per DP rank):
+    # the kernel (hc_quant) beat the NCCL path (nccl_q / nccl_symm_q: quantize, all-gather data
+    # and scales -- what our NCCL backend runs) at every point measured, up to the largest,
+    # 16.0 MiB (DP4, fp8, 1024 tokens/rank: 115.6 vs 135.7 us); at 1024 tokens nvfp4 DP4 (9.0 MiB)
+    # 75.2 vs 310.0 us, where the earlier 8 MiB rule sent it to NCCL (328.8 us). So the kernel
+    # runs to 17 MiB; above that it is unmeasured (NCCL). Past the workspace (LL: half of
+    # workspace_bytes per peer, checked by the backend) NCCL runs it at any size. Caveat: our
+    # NCCL backend quantizes with the torch reference quantizer (many small kernels); the two
+    # all-gathers alone (nccl_ag_only) took 64.0 us at that 16 MiB point, so an engine with a
+    # fused quantize kernel would beat our kernel there, and ties it at 256 tokens/rank on DP4.
     "all_gather_v_quant": (
-        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(17 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(8 * MiB, "nvlink", "quant"),
+        Rule(17 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
     # Message = the world-partial input (all tokens): LL one-shot to 128 KB, Lamport to 8 MB.
@@ -133,11 +144,16 @@ SPANNING_TABLE: dict[str, tuple[Rule, ...]] = {
 TABLES: dict[int, dict[str, tuple[Rule, ...]]] = {1: TABLE, 2: SPANNING_TABLE}
 
 
-def node_tables(table: dict | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
+def node_tables(table: dict | str | os.PathLike | None) -> dict[int, dict[str, tuple[Rule, ...]]]:
     """A Communicator's `table` argument as node count -> table: a table keyed by op replaces
-    the single-node one; one keyed by node count is taken as it is."""
+    the single-node one; one keyed by node count is taken as it is; a string or path names
+    NAMED_TABLES' entry, a packaged table or a table file (table_file.py)."""
     if table is None:
         return dict(TABLES)
+    if isinstance(table, (str, os.PathLike)):
+        from .table_file import load
+
+        table = NAMED_TABLES[table] if table in NAMED_TABLES else load(table)
     if all(isinstance(k, int) for k in table):
         return dict(table)
     return {**TABLES, 1: table}

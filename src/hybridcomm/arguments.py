@@ -14,16 +14,20 @@ import torch
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)  # a hash lookup: `in` on the tuple compares one by one
+
+
 def check_tensor(x: object, arg: str, device: torch.device) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{arg}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
+    if x.dtype not in _SUPPORTED:
         raise TypeError(
             f"{arg}: unsupported dtype {x.dtype}; supported are float32, float16, bfloat16"
         )
     if x.dim() < 1:
         raise ValueError(f"{arg}: expected at least one dimension (rows first), got a 0-d tensor")
-    if not same_device(x.device, device):
+    # Equal devices first: one C comparison, where same_device's attribute reads cost µs per call.
+    if x.device != device and not same_device(x.device, device):
         raise ValueError(f"{arg}: expected a tensor on {device}, got one on {x.device}")
     if not x.is_contiguous():
         raise ValueError(f"{arg}: expected a contiguous tensor, got strides {tuple(x.stride())} "
@@ -37,19 +41,24 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == "cpu" or (a.index or 0) == (b.index or 0)
 
 
-def check_rows(x: torch.Tensor, arg: str, expected: int, what: str) -> None:
+def check_rows(x: torch.Tensor, arg: str, expected: int, what: str, *what_args) -> None:
+    """`what` is formatted with `what_args` only when the check fails (calls pay no formatting)."""
     if x.shape[0] != expected:
+        what = what.format(*what_args)
         raise ValueError(f"{arg}: expected {expected} rows ({what}), got {x.shape[0]} "
                          f"(shape {tuple(x.shape)})")
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Row counts per group member: known on the host, or an int32 tensor read by the kernel."""
+    """Row counts per group member: known on the host, or an int32 tensor read by the kernel;
+    or (own-count mode, counts.py) this rank's count alone in `own`, exchanged by the kernel,
+    which writes every member's count into `device`."""
 
     count: int
     host: tuple[int, ...] | None = None
     device: torch.Tensor | None = None
+    own: torch.Tensor | None = None
 
     @property
     def on_device(self) -> bool:
@@ -63,13 +72,15 @@ class Sizes:
 
 
 def parse_sizes(sizes: object, count: int, device: torch.device, arg: str) -> Sizes:
+    if isinstance(sizes, Sizes):  # already parsed (a Counts the kernel will exchange, counts.py)
+        return sizes
     if isinstance(sizes, torch.Tensor):
         if sizes.dtype != torch.int32:
             raise TypeError(f"{arg}: a sizes tensor must be int32, got {sizes.dtype}")
         if sizes.dim() != 1 or sizes.numel() != count:
             raise ValueError(f"{arg}: expected {count} sizes (one per group member), "
                              f"got a tensor of shape {tuple(sizes.shape)}")
-        if not same_device(sizes.device, device):
+        if sizes.device != device and not same_device(sizes.device, device):
             raise ValueError(f"{arg}: a sizes tensor must be on {device}, got one on {sizes.device}")
         if not sizes.is_contiguous():
             raise ValueError(f"{arg}: a sizes tensor must be contiguous")

@@ -21,6 +21,10 @@ from . import abi
 
 CSRC = Path(__file__).parent / "csrc"
 NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC"]
+# Library variants: name -> extra nvcc flags, each built and cached on its own. "trace": the
+# kernels stamp their phase boundaries (csrc/trace.cuh; scripts/latency_trace.py reads them).
+VARIANTS = {"": [], "trace": ["-DHC_TRACE"]}
+variant = ""  # what load() builds when not told: a profiling script may select "trace" first
 
 
 def sources() -> list[Path]:
@@ -51,10 +55,10 @@ def cache_dir() -> Path:
     return Path(base) / "hybridcomm"
 
 
-def _fingerprint(arch: str, nvcc: str) -> str:
+def _fingerprint(arch: str, nvcc: str, flags: list[str]) -> str:
     h = hashlib.sha256()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    for part in (arch, version, " ".join(NVCC_FLAGS)):
+    for part in (arch, version, " ".join(flags)):
         h.update(part.encode())
     for f in sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
         h.update(f.name.encode())
@@ -62,14 +66,16 @@ def _fingerprint(arch: str, nvcc: str) -> str:
     return h.hexdigest()[:16]
 
 
-def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: bool = False) -> list[Path]:
+def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: bool = False,
+                    variant: str = "") -> list[Path]:
     """Compile every .cu to an object in out_dir (in parallel); raises with nvcc's output on failure."""
     nvcc = nvcc or nvcc_path()
+    flags = NVCC_FLAGS + VARIANTS[variant]
     out_dir.mkdir(parents=True, exist_ok=True)
 
     def one(src: Path) -> Path:
         obj = out_dir / (src.stem + ".o")
-        cmd = [nvcc, *NVCC_FLAGS, gencode(arch), "-c", str(src), "-o", str(obj)]
+        cmd = [nvcc, *flags, gencode(arch), "-c", str(src), "-o", str(obj)]
         if verbose:
             print(" ".join(cmd), flush=True)
         run = subprocess.run(cmd, capture_output=True, text=True)
@@ -81,11 +87,13 @@ def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: 
         return list(pool.map(one, sources()))
 
 
-def build(arch: str | None = None, verbose: bool = False) -> Path:
-    """Path of the shared library for `arch`, building it first if the cache lacks it."""
-    arch = arch or device_arch()
+def build(arch: str | None = None, verbose: bool = False, variant: str | None = None) -> Path:
+    """Path of the shared library for `arch` (and `variant`, default: the module's), building
+    it first if the cache lacks it."""
+    arch, variant = arch or device_arch(), variant if variant is not None else globals()["variant"]
     nvcc = nvcc_path()
-    target = cache_dir() / f"libhybridcomm-{arch}-{_fingerprint(arch, nvcc)}.so"
+    name = f"libhybridcomm{'-' + variant if variant else ''}-{arch}"
+    target = cache_dir() / f"{name}-{_fingerprint(arch, nvcc, NVCC_FLAGS + VARIANTS[variant])}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +102,7 @@ def build(arch: str | None = None, verbose: bool = False) -> Path:
         if target.exists():
             return target
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            objects = compile_objects(arch, Path(tmp), nvcc, verbose)
+            objects = compile_objects(arch, Path(tmp), nvcc, verbose, variant)
             partial = Path(tmp) / target.name
             cmd = [nvcc, "-shared", gencode(arch), *map(str, objects), "-o", str(partial)]
             run = subprocess.run(cmd, capture_output=True, text=True)
@@ -105,15 +113,15 @@ def build(arch: str | None = None, verbose: bool = False) -> Path:
 
 
 # -- the C API (its argument types live in abi.py) -------------------------------------------------
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[tuple[str, str], ctypes.CDLL] = {}
 
 
-def load(arch: str | None = None) -> ctypes.CDLL:
-    arch = arch or device_arch()
-    if arch not in _loaded:
-        lib = ctypes.CDLL(str(build(arch)))
+def load(arch: str | None = None, variant: str | None = None) -> ctypes.CDLL:
+    key = (arch or device_arch(), variant if variant is not None else globals()["variant"])
+    if key not in _loaded:
+        lib = ctypes.CDLL(str(build(key[0], variant=key[1])))
         for name, argtypes in abi.SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
-        _loaded[arch] = lib
-    return _loaded[arch]
+        _loaded[key] = lib
+    return _loaded[key]

@@ -1,4 +1,4 @@
-"""hybridcomm info | check | build | bench {ops,transitions,quant,layer}
+"""hybridcomm info | check | build | tune | model | bench {ops,transitions,nodes,quant,pdl,layer,model}
 
 Every command that needs several ranks spawns them itself (gloo on CPU, one GPU per rank
 on CUDA); `check` also runs under torchrun (it reads RANK / WORLD_SIZE).
@@ -16,8 +16,11 @@ import torch
 
 from . import cli_args as ca
 from .algorithms import NAMED_TABLES
+from .build import VARIANTS
 from .layout import Layout
 from .ops import OPS
+from .table_file import packaged as packaged_tables
+from .tune import TOLERANCE
 
 
 def _default_device() -> str:
@@ -141,10 +144,10 @@ def cmd_build(args) -> int:
 
     arch = args.arch or (build.device_arch() if torch.cuda.is_available() else "90a")
     if args.objects:
-        objs = build.compile_objects(arch, Path(args.objects), verbose=True)
+        objs = build.compile_objects(arch, Path(args.objects), verbose=True, variant=args.variant)
         print(f"compiled {len(objs)} object(s) for sm_{arch} into {args.objects}")
     else:
-        print(build.build(arch, verbose=True))
+        print(build.build(arch, verbose=True, variant=args.variant))
     return 0
 
 
@@ -174,11 +177,7 @@ def cmd_bench_transitions(args) -> int:
     from .bench import report
     from .bench.transitions import bench_transitions
 
-    if not torch.cuda.is_available():
-        raise ca.UsageError("bench transitions times our CUDA kernels against NCCL: it needs GPUs")
-    if ca.same_world(args.layouts) != args.world:
-        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
-    ca.check_device("cuda", args.world)
+    ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
     results = bench_transitions([lay.name for lay in args.layouts], args.world)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
@@ -210,14 +209,35 @@ def cmd_bench_nodes(args) -> int:
 def cmd_bench_quant(args) -> int:
     from .bench.quant import bench_quant, quant_markdown
 
-    if not torch.cuda.is_available():
-        raise ca.UsageError("bench quant times our CUDA kernels against NCCL: it needs GPUs")
-    if ca.same_world(args.layouts) != args.world:
-        raise ca.UsageError(f"--layouts have {args.layouts[0].world_size} ranks, --world is {args.world}")
-    ca.check_device("cuda", args.world)
-    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world)
+    ca.check_gpu_run("bench quant times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
+    results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world,
+                          progress=lambda so_far: _write(so_far, args.out, "quant"))  # each piece as it ends
     print(quant_markdown(results))
-    _write(results, args.out, "quant")
+    return 0
+
+
+def _write_with_table(results: dict, table: str, out: str) -> None:
+    """The results as JSON at `out`, the printed table as Markdown beside it."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1))
+    path.with_suffix(".md").write_text(f"```\n{table}\n```\n")
+    _progress(f"wrote {path}, {path.with_suffix('.md')}")
+
+
+def cmd_bench_pdl(args) -> int:
+    from .bench.pdl import bench_pdl, pdl_table
+
+    if not torch.cuda.is_available():
+        raise ca.UsageError("bench pdl times our CUDA kernels launched with and without PDL: it needs GPUs "
+                            "(torch.cuda.is_available() is False)")
+    world = args.world or (4 if torch.cuda.device_count() >= 4 else 2)
+    ca.check_device("cuda", world)
+    results = bench_pdl(world)
+    table = pdl_table(results)
+    print(table)
+    if args.out:
+        _write_with_table(results, table, args.out)
     return 0
 
 
@@ -247,8 +267,9 @@ def cmd_bench_layer(args) -> int:
         _points(names, tokens, world, ModelConfig.named(config, dtype_from_name(dtype)))
     except ValueError as e:
         raise ca.UsageError(str(e)) from None
+    quants = [None if q == "none" else q for q in args.quant or ["none"]]
     results = bench_layer(names, tokens, world, device=device, backends=backends, steps=args.steps,
-                          dtype=dtype, config=config)
+                          dtype=dtype, config=config, quants=quants)
     print(_timing_note(results["graphs"], device))
     print(format_layer_table(results))
     if args.out:
@@ -258,6 +279,28 @@ def cmd_bench_layer(args) -> int:
         out.with_suffix(".md").write_text(f"{_timing_note(results['graphs'], device)}\n\n```\n"
                                           f"{format_layer_table(results)}\n```\n")
         _progress(f"wrote {out}, {out.with_suffix('.md')} (the layer benchmark draws no plot)")
+    return 0
+
+
+# -- tune --------------------------------------------------------------------------------------
+def cmd_tune(args) -> int:
+    from . import table_file, tune
+
+    try:
+        if args.from_files:
+            doc = tune.tune_files(args.from_files, args.tolerance)
+        else:
+            world = args.world or max(torch.cuda.device_count(), 2)
+            layouts = args.layouts or [lay for lay in Layout.all_for_world(world) if lay.moe_tp == 1]
+            ca.check_gpu_run("tune measures our CUDA kernels against NCCL and needs GPUs, but "
+                             "torch.cuda.is_available() is False here; tuning from results files "
+                             "(--from ops.json transitions.json) works everywhere", world, layouts)
+            doc = tune.tune(tune.measure(world, layouts, args.sizes, args.out), args.tolerance)
+    except tune.ResultsError as e:
+        raise ca.UsageError(str(e)) from None
+    print(tune.describe(doc))
+    if args.out:
+        _progress(f"wrote {table_file.write(doc, args.out)} (load it: Communicator(layout, table=path))")
     return 0
 
 
@@ -318,11 +361,7 @@ def cmd_bench_model(args) -> int:
     table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-        out.with_suffix(".md").write_text(f"```\n{table}\n```\n")
-        _progress(f"wrote {out}, {out.with_suffix('.md')}")
+        _write_with_table(results, table, args.out)
     return 0 if "FAIL" not in verdict(results) else 1
 
 
@@ -348,13 +387,17 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--quick", action="store_true", help="integer data only")
     check.add_argument("--ranks-per-node", type=ca.positive_int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
-    check.add_argument("--table", choices=sorted(NAMED_TABLES), default="auto",
-                       help="selection table (hierarchical: our path across nodes at every size)")
+    check.add_argument("--table", type=ca.table, default="auto",
+                       help=f"selection table: {', '.join(sorted(NAMED_TABLES))} (hierarchical: our path across "
+                            f"nodes at every size), a packaged table ({', '.join(packaged_tables())}) or a "
+                            f"`hybridcomm tune` file (default auto)")
     check.set_defaults(fn=cmd_check)
 
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")
     build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
     build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
+    build.add_argument("--variant", default="", choices=sorted(VARIANTS),
+                       help="'trace': the library whose kernels stamp phase boundaries (scripts/latency_trace.py)")
     build.set_defaults(fn=cmd_build)
 
     model = sub.add_parser("model", help="predicted µs across nodes: flat NCCL vs hierarchical (costmodel.py)")
@@ -371,6 +414,19 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--hidden", type=int, default=4096, help="bf16 row width of the transitions")
     model.add_argument("--results", default=None, help="a `bench ops --world 4` JSON to take the in-node legs from")
     model.set_defaults(fn=cmd_model)
+
+    tune = sub.add_parser("tune", help="a selection table from measurements (src/hybridcomm/tune.py), as JSON")
+    tune.add_argument("--from", dest="from_files", nargs="+", default=None, metavar="RESULTS",
+                      help="`bench ops` / `bench transitions` JSON files to tune from (no GPU needed); "
+                           "without it tune runs both benchmarks (GPUs)")
+    tune.add_argument("--world", type=ca.positive_int, default=None, help="ranks to measure on (default: every GPU)")
+    tune.add_argument("--layouts", type=ca.layout_list, default=None,
+                      help="transitions layouts (default: every attention layout of --world, moe_tp 1)")
+    tune.add_argument("--sizes", type=ca.byte_list, default=None, help="bench ops message sizes (default 2K..64M)")
+    tune.add_argument("--tolerance", type=ca.fraction, default=TOLERANCE,
+                      help=f"times within this fraction of the fastest count as a tie (default {TOLERANCE})")
+    tune.add_argument("--out", default=None, help="table JSON path (measured results written beside it)")
+    tune.set_defaults(fn=cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     collectives = " / ".join(name for name, spec in OPS.items() if not spec.on_world and not spec.quantized)
@@ -411,6 +467,13 @@ def parser() -> argparse.ArgumentParser:
     qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     qb.set_defaults(fn=cmd_bench_quant)
 
+    pdl = bench.add_parser("pdl", help="producer (GEMM, elementwise, ours) -> our op, launched with PDL vs "
+                                       "without (GPUs)")
+    pdl.add_argument("--world", type=ca.positive_int, default=None,
+                     help="ranks to spawn, layout dp<world> (default 4 with 4+ GPUs, else 2)")
+    pdl.add_argument("--out", default=None, help="JSON path (.md written beside it)")
+    pdl.set_defaults(fn=cmd_bench_pdl)
+
     layer = bench.add_parser("layer", help="decode steps of the reference MoE decoder per backend")
     layer.add_argument("--layout", type=ca.layout, action="append", default=None,
                        help=layout_help + "; repeat for several of the same world (default dp2xtp2)")
@@ -425,6 +488,10 @@ def parser() -> argparse.ArgumentParser:
                        help="model size (default: bench on GPUs, tiny on CPU)")
     layer.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                        help="default: bfloat16 on GPUs, float32 on CPU")
+    layer.add_argument("--quant", type=ca.layer_quant_list, default=None,
+                       help="gathers into the MoE, comma-separated, each point runs once per entry: none (16-bit), "
+                            "fp8 (fp8 experts fed by the fp8 gather), nvfp4, fp8_block128 (dequantized before "
+                            "16-bit experts) (default none)")
     layer.add_argument("--steps", type=ca.positive_int, default=20, help="timed decode steps per point (default 20)")
     layer.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     layer.set_defaults(fn=cmd_bench_layer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
 import torch
 
@@ -66,6 +67,16 @@ def _bytes(text: str) -> int:
     return n
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:  # also refuses nan
+        raise ValueError(f"expected a fraction in [0, 1), e.g. 0.05, got {text!r}")
+    return value
+
+
 def _workspace_bytes(text: str) -> int:
     n = _bytes(text)
     if n % 16:
@@ -93,6 +104,7 @@ def _names(valid, what: str):
 
 positive_int = _type(_positive, "positive int")
 byte_count = _type(_bytes, "bytes")
+fraction = _type(_fraction, "fraction")
 workspace_bytes = _type(_workspace_bytes, "bytes")
 byte_list = _type(lambda t: _list(_bytes, t), "byte list")
 count_list = _type(lambda t: _list(_count, t), "count list")
@@ -111,9 +123,21 @@ def _layouts(text: str) -> list[Layout]:
     return [Layout.parse(n) for n in names]
 
 
+def _table(text: str) -> str:
+    """A named table, a packaged table or a table file: checked here, loaded by each Communicator."""
+    from .algorithms import NAMED_TABLES, node_tables
+    from .table_file import packaged
+
+    node_tables(text)  # a bad name or file raises ValueError saying what is wrong
+    is_path = text not in NAMED_TABLES and text not in packaged()
+    return str(Path(text).resolve()) if is_path else text  # worker processes may start elsewhere
+
+
 layout_list = _type(_layouts, "layouts")
+table = _type(_table, "table")
 backend_list = _type(_names(BENCH_BACKENDS, "backend"), "backends")
 quant_list = _type(_names(QUANT_FORMATS, "format"), "quant formats")
+layer_quant_list = _type(_names(("none", *QUANT_FORMATS), "format"), "quant formats")  # none: 16-bit
 
 
 def check_device(device: str, world: int) -> str:
@@ -127,6 +151,16 @@ def check_device(device: str, world: int) -> str:
         raise UsageError(f"--device cuda: {world} ranks need {world} GPUs (one per rank), "
                          f"{torch.cuda.device_count()} visible")
     return device
+
+
+def check_gpu_run(need: str, world: int, layouts: list[Layout] | None = None) -> None:
+    """UsageError unless `world` GPU ranks can run here and `layouts` (if given) have `world`
+    ranks; `need` is the sentence said when there is no GPU."""
+    if not torch.cuda.is_available():
+        raise UsageError(need)
+    if layouts is not None and same_world(layouts) != world:
+        raise UsageError(f"--layouts have {layouts[0].world_size} ranks, --world is {world}")
+    check_device("cuda", world)
 
 
 def check_backend(backend: str, device: str, flag: str = "--backend") -> None:

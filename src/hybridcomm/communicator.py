@@ -10,12 +10,12 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import algorithms
+from . import algorithms, selection
 from .agreement import decode, describe_call, encode, exchange, rejected, status_of, verdict
 from .arguments import Sizes, check_rows, check_tensor, parse_sizes, result_rows
 from .backends.hierarchical import HierarchicalBackend
 from .backends.reference import ReferenceBackend
-from .counts import Counts, exchange as exchange_counts
+from .counts import Counts, exchange as exchange_counts, in_kernel as counts_in_kernel, settle as settle_counts
 from .errors import CommunicatorClosed
 from .groups import Group, create_groups
 from .layout import GROUP_NAMES, Layout
@@ -55,7 +55,9 @@ class Communicator:
         "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
     table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
-        table keyed by node count (algorithms.TABLES) also sets the tables across nodes.
+        table keyed by node count (algorithms.TABLES) also sets the tables across nodes. A
+        string or path: a name of algorithms.NAMED_TABLES, a packaged table ("4xH200") or a
+        `hybridcomm tune` file (table_file.py).
     """
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,
@@ -86,6 +88,7 @@ class Communicator:
         self.tables = algorithms.node_tables(table)
         self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
+        self._selections = selection.SelectionMemo()
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
@@ -110,9 +113,11 @@ class Communicator:
         With `quant` ("fp8", "fp8_block128", "nvfp4"; nvfp4 also needs `global_scale`): each
         rank quantizes its rows and the quantized bytes travel; returns `QuantizedRows`
         (see hybridcomm.quant for the exact formats). sizes may be a `Counts` holding only
-        this rank's count (exchanged here, kept for the next op).
+        this rank's count (exchanged here, inside our kernel where it can: counts.py; kept for
+        the next op).
         """
-        sizes = self._own_counts(sizes, group)
+        counts = sizes
+        sizes = self._own_counts(sizes, group, gather=True)
         spec = None
 
         def check(g):
@@ -121,12 +126,13 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(sizes, g.size, self.device, "sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[g.index], f"sizes[{g.index}] of this rank")
+                check_rows(x, "x", s.host[g.index], "sizes[{}] of this rank", g.index)
             return s
 
         g, s = self._check("all_gather_v", group, check, lambda g, s: describe_call("all_gather_v", g.name, x, s))
         op = "all_gather_v" if spec is None else "all_gather_v_quant"
         backend, algorithm = self._select(op, g, x, s, g.index, spec)
+        s = self._settle_counts(counts, s, op, backend, algorithm, g)
         return backend.all_gather_v(x, s, g, algorithm, quant=spec)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes, group: str = "world") -> torch.Tensor:
@@ -161,7 +167,8 @@ class Communicator:
         quantized by the ranks that own them and the gathered rows are `QuantizedRows`.
 
         dp_sizes may be a `Counts` holding only this DP group's count: it is exchanged over
-        attn_dp here and kept in the Counts for the scatter_tokens that follows.
+        attn_dp here (inside our kernel where it can: counts.py) and kept in the Counts for the
+        scatter_tokens that follows. The attn-TP ranks of a DP group pass the same count.
 
         partial=False promises that the attn-TP ranks of a DP group pass identical rows, and
         each backend reads every row from one of those copies: the reference takes this DP
@@ -173,7 +180,8 @@ class Communicator:
         differ across backends and across ranks.
         """
         world, dp = self.groups["world"], self.groups["attn_dp"]
-        dp_sizes = self._own_counts(dp_sizes, "attn_dp")
+        counts = dp_sizes
+        dp_sizes = self._own_counts(dp_sizes, "attn_dp", gather=True)
         fusion = spec = None
 
         def check(_):
@@ -182,7 +190,7 @@ class Communicator:
             check_tensor(x, "x", self.device)
             s = parse_sizes(dp_sizes, self.layout.attn_dp, self.device, "dp_sizes")
             if s.host is not None:
-                check_rows(x, "x", s.host[dp.index], f"dp_sizes[{dp.index}] of this DP group")
+                check_rows(x, "x", s.host[dp.index], "dp_sizes[{}] of this DP group", dp.index)
             if (residual is None) != (norm_weight is None):
                 raise ValueError("gather_tokens: pass both residual and norm_weight, or neither")
             if residual is not None:
@@ -193,9 +201,11 @@ class Communicator:
                            lambda g, s: describe_call("gather_tokens", g.name, x, s, partial, fusion))
         if spec is not None:
             backend, algorithm = self._select("gather_tokens_quant", world, x, s, dp.index, spec)
+            s = self._settle_counts(counts, s, "gather_tokens_quant", backend, algorithm, dp)
             return backend.gather_tokens(x, s, bool(partial), fusion, algorithm, quant=spec)
         op = "gather_tokens" if fusion is None else "gather_tokens_norm"
         backend, algorithm = self._select(op, world, x, s, dp.index)
+        s = self._settle_counts(counts, s, op, backend, algorithm, dp)
         return backend.gather_tokens(x, s, bool(partial), fusion, algorithm)
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes) -> torch.Tensor:
@@ -231,6 +241,7 @@ class Communicator:
         # The reference backend holds no memory; it stays so that a closed rank can still
         # tell its peers (header exchange) that it will not take part.
         self.backends = {"reference": self.backends["reference"]}
+        self._selections.clear()  # its choices name the backends just dropped
         self.closed = True
 
     def __enter__(self) -> "Communicator":
@@ -250,10 +261,28 @@ class Communicator:
             nvlink.raise_recorded_error()
 
     # -- helpers ----------------------------------------------------------------------------
-    def _own_counts(self, sizes, group: str):
+    def _own_counts(self, sizes, group: str, gather: bool = False):
         """A `Counts` becomes every member's sizes (exchanged over `group` once); others pass.
-        Every rank of the group must pass a Counts, or none (the exchange is a collective)."""
-        return exchange_counts(sizes, self._group(group), self.device) if isinstance(sizes, Counts) else sizes
+        Every rank of the group must pass a Counts, or none (the exchange is a collective).
+        A gather's Counts holding a device count may instead stay for the kernel to exchange
+        (own-count mode, counts.py; _settle_counts decides once the algorithm is chosen).
+        Not with validate=True: its check compares every member's count before the op."""
+        if not isinstance(sizes, Counts):
+            return sizes
+        g = self._group(group)
+        if gather and not self.validate and "nvlink" in self.backends:
+            deferred = counts_in_kernel(sizes, g, self.device)
+            if deferred is not None:
+                return deferred
+        return exchange_counts(sizes, g, self.device)
+
+    def _settle_counts(self, counts, sizes: Sizes, op: str, backend, algorithm: str | None, group: Group) -> Sizes:
+        """Own-count mode after selection: the chosen kernel exchanges the count
+        (ops.Algorithm.own_count), or it is exchanged now (counts.settle)."""
+        if sizes is None or sizes.own is None:
+            return sizes
+        by_kernel = backend is self.backends.get("nvlink") and OPS[op].algorithm(algorithm).own_count
+        return settle_counts(counts, sizes, group, self.device, by_kernel)
 
     def _group(self, name: str) -> Group:
         if name not in self.groups:  # also takes the internal "<group>/node" and "<group>/rail"
@@ -345,9 +374,22 @@ class Communicator:
 
     def _select(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None = None, index: int = 0,
                 quant: QuantSpec | None = None):
+        """(backend, algorithm) for this call: decided once per call signature (selection.py);
+        afresh while torch.compile traces (once per graph; symbolic shapes do not hash)."""
+        if torch.compiler.is_compiling():
+            choice = self._decide(op, group, x, sizes, index, quant)
+        else:
+            key = selection.signature(op, group.name, x, sizes, quant)
+            choice = self._selections.get(key, self.table, self.tables)
+            if choice is None:
+                choice = self._selections.put(key, self._decide(op, group, x, sizes, index, quant))
+        self.last_choice = choice
+        return self.backends[choice.backend], choice.algorithm
+
+    def _decide(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None, index: int,
+                quant: QuantSpec | None) -> algorithms.Choice:
         if self.forced in ("reference", "nccl"):
-            self.last_choice = algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
-            return self.backends[self.forced], None
+            return algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
         nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
@@ -355,11 +397,9 @@ class Communicator:
             if self.device.type == "cpu" and choice.backend == "nccl":
                 choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
                                            "CPU: no NCCL")
-            self.last_choice = choice
-            return self.backends[choice.backend], choice.algorithm
+            return choice
         if self.device.type == "cpu":
-            self.last_choice = algorithms.Choice("reference", None, "CPU")
-            return self.backends["reference"], None
+            return algorithms.Choice("reference", None, "CPU")
         nvlink = self.backends.get("nvlink")
 
         def blocker(algorithm: str) -> str | None:
@@ -367,9 +407,7 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
-        self.last_choice = choice
-        return self.backends[choice.backend], choice.algorithm
+        return algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
 
     def _raise_recorded_error(self) -> None:
         nvlink = self.backends.get("nvlink")

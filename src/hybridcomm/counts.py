@@ -7,11 +7,25 @@ group and keeps every member's count for the ops that follow.
     counts.sizes                                    # every DP group's count, group order
     mine = comm.scatter_tokens(moe_out, counts)     # reuses them: no second exchange
 
-An int is exchanged through a small all-gather and read back to the host (one sync on
-GPU): the op then sees host sizes, exactly as if the caller had passed the list. A device
-tensor is exchanged device to device (`all_gather_into_tensor`, no host sync, capturable in
-a CUDA graph) and the op sees device sizes (results have capacity rows, see README).
-Not done yet: exchanging the count inside our kernels' first packet (no extra launch).
+A device tensor given to a gather (gather_tokens, all_gather_v) that our kernels run is
+exchanged inside the kernel: each rank sends its count in a packet beside its arrival packet,
+starts sending its rows (which need only its own count), then learns every member's count
+from the packets that arrived and places the rows it receives (csrc/own_count.cuh). No extra
+launch, no host sync, capturable: a graph replays with new counts. The kernel writes every
+member's count into `counts.sizes` (a device int32 tensor), and the op's result has capacity
+rows as with device-side sizes. Which algorithms can: `ops.Algorithm.own_count` (the LL and
+Lamport one-shots of both gathers, gather_tokens' two-shot and fused norm; not the quantized
+gather). There the kernel checks that the attn-TP ranks of each DP group passed the same
+count (else ArgumentMismatch on every rank) and that every count fits its rank's input rows
+and the workspace (else CapacityExceeded on every rank).
+
+Everywhere else -- an int, the reference and NCCL backends, the quantized gather, groups
+across nodes, `Communicator(validate=True)` (whose check compares every count), a Counts
+first given to a scatter -- the count is exchanged before the op, as before: an int through a
+small all-gather read back to the host (one sync on GPU; the op then sees host sizes, exactly
+as if the caller had passed the list); a device tensor device to device
+(`all_gather_into_tensor`: no host sync, capturable, one extra NCCL launch), and the op sees
+device sizes (results have capacity rows, see README). Results are the same bits either way.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ import operator
 import torch
 import torch.distributed as dist
 
+from .arguments import Sizes, same_device
 from .groups import Group
 
 
@@ -56,6 +71,26 @@ class Counts:
 
     def __repr__(self) -> str:
         return f"Counts(own={self.own!r}, sizes={self.sizes!r}, group={self.group!r})"
+
+
+def in_kernel(counts: Counts, group: Group, device: torch.device) -> Sizes | None:
+    """Counts whose own device count a gather kernel may exchange: their Sizes in own-count
+    mode (`own`, and a new tensor for the kernel to fill with every member's count). None
+    where the count is exchanged before the op (exchanged already, an int, another device)."""
+    own = counts.own
+    if counts.exchanged or not isinstance(own, torch.Tensor) or not same_device(own.device, device):
+        return None
+    return Sizes(group.size, device=torch.empty(group.size, dtype=torch.int32, device=device), own=own.reshape(1))
+
+
+def settle(counts: Counts, sizes: Sizes, group: Group, device: torch.device, by_kernel: bool) -> Sizes:
+    """After the op's algorithm is chosen: `by_kernel` (its kernel exchanges the count,
+    ops.Algorithm.own_count) -> the Counts keeps the tensor the kernel fills; otherwise the
+    count is exchanged now, before the op."""
+    if by_kernel:
+        counts.sizes, counts.group = sizes.device, group.name
+        return sizes
+    return Sizes(sizes.count, device=exchange(counts, group, device))
 
 
 def exchange(counts: Counts, group: Group, device: torch.device):

@@ -46,8 +46,8 @@ def _launch(name: str, rc: int) -> None:
 
 
 def _stream(x: torch.Tensor) -> int:
-    # the raw handle, without building a torch.cuda.Stream object per call
-    return torch._C._cuda_getCurrentRawStream(x.device.index)
+    # the raw handle, without building a torch.cuda.Stream (nor a torch.device) object per call
+    return torch._C._cuda_getCurrentRawStream(x.get_device())
 
 
 _SizesArray = ctypes.c_int32 * MAX_RANKS  # built once: making the array type costs per call
@@ -60,6 +60,16 @@ def _sizes(sizes: torch.Tensor | None, host: list[int]):
     return None, _SizesArray(*host)
 
 
+def _gather_sizes(sizes: torch.Tensor | None, host: list[int], own: torch.Tensor | None,
+                  learned: torch.Tensor | None):
+    """A gather's (sizes_device, sizes_host, own_count) pointers: the counts as given, or in
+    own-count mode this rank's count alone and where the kernel writes every member's
+    (csrc/own_count.cuh)."""
+    if own is not None:
+        return learned.data_ptr(), None, own.data_ptr()
+    return _sizes(sizes, host) + (None,)
+
+
 def _row_bytes(x: torch.Tensor) -> int:
     return math.prod(x.shape[1:]) * x.element_size()
 
@@ -67,13 +77,17 @@ def _row_bytes(x: torch.Tensor) -> int:
 _lib = torch.library.Library("hybridcomm", "DEF")
 
 # Every op's last argument, pdl: launch overlapping the previous kernel (csrc/pdl.cuh).
+# The gathers' `own` / `learned`: own-count mode (csrc/own_count.cuh): `own` holds this rank's
+# count alone (sizes is then None) and the kernel writes every member's count into `learned`.
 _lib.define("all_reduce(Tensor x, int group, int algorithm, bool pdl) -> Tensor")
-_lib.define("all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, bool pdl) -> Tensor")
+_lib.define("all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, int group, "
+            "int out_rows, bool pdl) -> Tensor")
 _lib.define("reduce_scatter_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, bool pdl) -> Tensor")
-_lib.define("gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, int group, int tp, bool partial, "
-            "int algorithm, int out_rows, bool pdl) -> Tensor")
-_lib.define("gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tensor residual, Tensor weight, "
-            "float eps, int group, int tp, bool partial, int out_rows, bool pdl) -> (Tensor, Tensor)")
+_lib.define("gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, int group, "
+            "int tp, bool partial, int algorithm, int out_rows, bool pdl) -> Tensor")
+_lib.define("gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, "
+            "Tensor residual, Tensor weight, float eps, int group, int tp, bool partial, int out_rows, bool pdl) "
+            "-> (Tensor, Tensor)")
 _lib.define("scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int algorithm, "
             "int out_rows, bool pdl) -> Tensor")
 _lib.define("all_reduce_pipelined(Tensor x, int group, int chunk_bytes, int blocks, bool pdl) -> Tensor")
@@ -81,7 +95,7 @@ for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
     _lib.define(f"{_name}(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, int chunk_bytes, "
                 "int blocks, bool pdl) -> Tensor")
 _lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? residual, Tensor? weight, float eps, "
-            "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows) "
+            "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows, bool pdl) "
             "-> (Tensor, Tensor, Tensor)")
 
 
@@ -122,13 +136,13 @@ def reduce_scatter_v_pipelined(x, sizes, host_sizes, group, out_rows, chunk_byte
     return _pipelined_rows("reduce_scatter_v", x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl)
 
 
-def all_gather_v(x, sizes, host_sizes, group, out_rows, pdl):
+def all_gather_v(x, sizes, host_sizes, own, learned, group, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
-    dev, host = _sizes(sizes, host_sizes)
+    dev, host, mine = _gather_sizes(sizes, host_sizes, own, learned)
     dtype = DTYPE_CODE.get(x.dtype, OTHER_DTYPE)  # only compared across ranks: rows move as bytes
-    _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, _row_bytes(x),
-                                                x.shape[0], out_rows, int(pdl), _stream(x)))
+    _launch("all_gather_v", lib.hc_all_gather_v(args, dtype, x.data_ptr(), out.data_ptr(), dev, host, mine,
+                                                _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out
 
 
@@ -142,24 +156,24 @@ def reduce_scatter_v(x, sizes, host_sizes, group, out_rows, pdl):
     return out
 
 
-def gather_tokens(x, sizes, host_sizes, group, tp, partial, algorithm, out_rows, pdl):
+def gather_tokens(x, sizes, host_sizes, own, learned, group, tp, partial, algorithm, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
-    dev, host = _sizes(sizes, host_sizes)
+    dev, host, mine = _gather_sizes(sizes, host_sizes, own, learned)
     _launch("gather_tokens", lib.hc_gather_tokens(args, algorithm, DTYPE_CODE[x.dtype], tp, int(partial),
                                                   x.data_ptr(), out.data_ptr(), None, None, None, 0.0, dev, host,
-                                                  _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
+                                                  mine, _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out
 
 
-def gather_tokens_norm(x, sizes, host_sizes, residual, weight, eps, group, tp, partial, out_rows, pdl):
+def gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial, out_rows, pdl):
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     residual_out = _new(residual.shape, x)
-    dev, host = _sizes(sizes, host_sizes)
+    dev, host, mine = _gather_sizes(sizes, host_sizes, own, learned)
     _launch("gather_tokens", lib.hc_gather_tokens(args, GatherTokensAlgorithm.FUSED, DTYPE_CODE[x.dtype], tp,
                                                   int(partial), x.data_ptr(), out.data_ptr(), residual.data_ptr(),
-                                                  weight.data_ptr(), residual_out.data_ptr(), eps, dev, host,
+                                                  weight.data_ptr(), residual_out.data_ptr(), eps, dev, host, mine,
                                                   _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out, residual_out
 
@@ -186,7 +200,8 @@ def _quant_outputs(x, format, out_rows):
     return data, scales
 
 
-def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, group, tp, partial, op, format, out_rows):
+def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, group, tp, partial, op, format, out_rows,
+                 pdl):
     """gather_tokens / all_gather_v with quantized rows (csrc/quant_gather.cu); returns
     (data, scales, residual_out), residual_out empty unless residual is given."""
     lib, args = _groups[group]
@@ -197,18 +212,18 @@ def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, grou
     _launch("quant_gather", lib.hc_quant_gather(
         args, format, DTYPE_CODE[x.dtype], tp, int(partial), op, x.data_ptr(), ptr(residual), ptr(weight),
         residual_out.data_ptr() if residual is not None else None, eps, ptr(global_scale),
-        data.data_ptr(), scales.data_ptr(), dev, host, x.shape[1], x.shape[0], out_rows, _stream(x)))
+        data.data_ptr(), scales.data_ptr(), dev, host, x.shape[1], x.shape[0], out_rows, int(pdl), _stream(x)))
     return data, scales, residual_out
 
 
 # -- Lamport protocol (csrc/lamport.cuh)
 _lib.define("lamport_all_reduce(Tensor x, int group, bool pdl) -> Tensor")
-_lib.define("lamport_all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, "
-            "bool pdl) -> Tensor")
+_lib.define("lamport_all_gather_v(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, "
+            "int group, int out_rows, bool pdl) -> Tensor")
 _lib.define("lamport_reduce_scatter_v(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, "
             "bool pdl) -> Tensor")
-_lib.define("lamport_gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, int group, int tp, int out_rows, "
-            "bool pdl) -> Tensor")
+_lib.define("lamport_gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, "
+            "int group, int tp, int out_rows, bool pdl) -> Tensor")
 _lib.define("lamport_scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int out_rows, "
             "bool pdl) -> Tensor")
 
@@ -222,32 +237,34 @@ def lamport_all_reduce(x, group, pdl):
     return out
 
 
-def _lamport_rows(name, fn, x, sizes, host_sizes, group, out_rows, pdl, *tp):
-    """Launch a Lamport kernel over rows; `tp` (the transitions' attn-TP size) goes after dtype."""
+def _lamport_rows(name, fn, x, size_args, group, out_rows, pdl, *tp):
+    """Launch a Lamport kernel over rows; `size_args`: its pointers for the counts (_sizes, or a
+    gather's _gather_sizes); `tp` (the transitions' attn-TP size) goes after dtype."""
     lib, args = _groups[group]
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
-    dev, host = _sizes(sizes, host_sizes)
     _launch(name, getattr(lib, fn)(args, _lamport[group], DTYPE_CODE[x.dtype], *tp, x.data_ptr(), out.data_ptr(),
-                                   dev, host, _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
+                                   *size_args, _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out
 
 
-def lamport_all_gather_v(x, sizes, host_sizes, group, out_rows, pdl):
-    return _lamport_rows("all_gather_v", "hc_lamport_all_gather_v", x, sizes, host_sizes, group, out_rows, pdl)
+def lamport_all_gather_v(x, sizes, host_sizes, own, learned, group, out_rows, pdl):
+    return _lamport_rows("all_gather_v", "hc_lamport_all_gather_v", x, _gather_sizes(sizes, host_sizes, own, learned),
+                         group, out_rows, pdl)
 
 
 def lamport_reduce_scatter_v(x, sizes, host_sizes, group, out_rows, pdl):
-    return _lamport_rows("reduce_scatter_v", "hc_lamport_reduce_scatter_v", x, sizes, host_sizes, group, out_rows,
-                         pdl)
+    return _lamport_rows("reduce_scatter_v", "hc_lamport_reduce_scatter_v", x, _sizes(sizes, host_sizes), group,
+                         out_rows, pdl)
 
 
-def lamport_gather_tokens(x, sizes, host_sizes, group, tp, out_rows, pdl):
-    return _lamport_rows("gather_tokens", "hc_lamport_gather_tokens", x, sizes, host_sizes, group, out_rows, pdl, tp)
+def lamport_gather_tokens(x, sizes, host_sizes, own, learned, group, tp, out_rows, pdl):
+    return _lamport_rows("gather_tokens", "hc_lamport_gather_tokens", x, _gather_sizes(sizes, host_sizes, own, learned),
+                         group, out_rows, pdl, tp)
 
 
 def lamport_scatter_tokens(y, sizes, host_sizes, group, tp, out_rows, pdl):
-    return _lamport_rows("scatter_tokens", "hc_lamport_scatter_tokens", y, sizes, host_sizes, group, out_rows, pdl,
-                         tp)
+    return _lamport_rows("scatter_tokens", "hc_lamport_scatter_tokens", y, _sizes(sizes, host_sizes), group, out_rows,
+                         pdl, tp)
 
 
 IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_reduce_pipelined": all_reduce_pipelined,
@@ -282,19 +299,24 @@ torch.library.register_fake("hybridcomm::all_reduce_pipelined")(
 for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
     torch.library.register_fake(f"hybridcomm::{_name}")(
         lambda x, s, h, g, out_rows, chunk, blocks, pdl: _fake_rows(x, out_rows))
-torch.library.register_fake("hybridcomm::all_gather_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::all_gather_v")(
+    lambda x, s, h, own, learned, g, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::reduce_scatter_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens")(
-    lambda x, s, h, g, tp, p, a, out_rows, pdl: _fake_rows(x, out_rows))
+    lambda x, s, h, own, learned, g, tp, p, a, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens_norm")(
-    lambda x, s, h, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
+    lambda x, s, h, own, learned, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
 torch.library.register_fake("hybridcomm::quant_gather")(
-    lambda x, s, h, r, w, e, gs, g, tp, p, op, format, out_rows: _quant_outputs(x, format, out_rows)
+    lambda x, s, h, r, w, e, gs, g, tp, p, op, format, out_rows, pdl: _quant_outputs(x, format, out_rows)
     + ((torch.empty_like(r) if r is not None else x.new_empty((0,))),))
 torch.library.register_fake("hybridcomm::scatter_tokens")(
     lambda y, s, h, g, tp, a, out_rows, pdl: _fake_rows(y, out_rows))
 torch.library.register_fake("hybridcomm::lamport_all_reduce")(lambda x, group, pdl: torch.empty_like(x))
-for _name in ("lamport_all_gather_v", "lamport_reduce_scatter_v"):
-    torch.library.register_fake(f"hybridcomm::{_name}")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
-for _name in ("lamport_gather_tokens", "lamport_scatter_tokens"):
-    torch.library.register_fake(f"hybridcomm::{_name}")(lambda x, s, h, g, tp, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::lamport_reduce_scatter_v")(
+    lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::lamport_scatter_tokens")(
+    lambda x, s, h, g, tp, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::lamport_all_gather_v")(
+    lambda x, s, h, own, learned, g, out_rows, pdl: _fake_rows(x, out_rows))
+torch.library.register_fake("hybridcomm::lamport_gather_tokens")(
+    lambda x, s, h, own, learned, g, tp, out_rows, pdl: _fake_rows(x, out_rows))

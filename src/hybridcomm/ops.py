@@ -13,7 +13,7 @@ new OpSpec, its kernel file and its backends' methods: docs/architecture.md ("Ad
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import abi
 
@@ -48,6 +48,10 @@ class Algorithm:
     chunked: bool = False
     # A message beyond the workspace runs as several calls (the launcher cuts it): no size limit.
     sliced: bool = False
+    # Its kernel takes this rank's own count alone (a `Counts` holding a device tensor) and
+    # exchanges it inside the call, beside its arrival packet (csrc/own_count.cuh). Elsewhere
+    # a Counts is exchanged before the op by a separate all-gather (counts.py).
+    own_count: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,10 @@ ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 # A one-shot pipelined in chunks on the chunked protocol (its own launcher; chunk size and blocks
 # from pipeline.py): all_gather_v, reduce_scatter_v.
 ONE_SHOT_PIPELINED = Algorithm("one_shot_pipelined", None, CHUNKED)
+# The gathers' kernels learn the others' counts after their first sends (csrc/own_count.cuh);
+# scatters and reductions need every count before they send, and the quantized gather has
+# not been taught (a Counts reaching them is exchanged first, counts.py).
+OWN = {"own_count": True}
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -93,16 +101,17 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         # its own launcher (hc_all_reduce_pipelined), with chunk size and blocks (pipeline.py)
         Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True,
                   sliced=True))),
-    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
+    OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows",
+           (replace(ONE_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN), ONE_SHOT_PIPELINED)),
     OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows",
            (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
-        Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT),
-        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),
+        Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT, **OWN),
+        Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN)),
         on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
     # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
     OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
-        Algorithm("fused", abi.GatherTokensAlgorithm.FUSED),), on_world=True),
+        Algorithm("fused", abi.GatherTokensAlgorithm.FUSED, **OWN),), on_world=True),
     OpSpec("scatter_tokens", abi.OpCode.SCATTER_TOKENS, "input", "rows", (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT),
@@ -137,7 +146,9 @@ def algorithms_where(predicate) -> dict[str, str]:
 
 
 def describe() -> str:
-    """One line per op: its algorithms and their protocols (`hybridcomm info`)."""
-    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({a.protocol.name})" for a in s.algorithms)
+    """One line per op: its algorithms, their protocols, and whether their kernel exchanges a
+    Counts' own count (`hybridcomm info`)."""
+    return "\n".join(f"  {s.name:<19} " + ", ".join(f"{a.name} ({a.protocol.name}{', own counts' * a.own_count})"
+                                                     for a in s.algorithms)
                      + "".join(f"; {axis}=1: {other}" for axis, other in s.reduces_to.items())
                      for s in OPS.values())

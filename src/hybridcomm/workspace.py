@@ -4,7 +4,7 @@ Every distinct group inside one node (attn_tp, attn_dp, moe_tp, moe_ep, world, a
 the node parts `<group>/node` of groups that span nodes, topology.py; groups with
 the same members share one) gets a region on every rank:
 
-    [flags 16.25 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
+    [flags 16.5 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
     [Lamport slot 0: area x n][Lamport slot 1: area x n][Lamport slot 2: area x n]
     [chunk flags 256 KiB][chunked slot 0: area A x n, area B x n][chunked slot 1: the same]
 

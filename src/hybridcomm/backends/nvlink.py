@@ -8,6 +8,7 @@ different tree (within one rounding of the reference).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -87,11 +88,8 @@ class NvlinkBackend:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows)
         if _protocol("all_gather_v", algorithm) is CHUNKED:
             return self._pipelined_rows("all_gather_v", x, sizes, group, out_rows, out_rows)
-        if _is_lamport("all_gather_v", algorithm):
-            return kernels.call("lamport_all_gather_v", x, sizes.device, list(sizes.host or ()),
-                                                             self.handles[group.name], out_rows, self.pdl)
-        return kernels.call("all_gather_v", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
-                                                 out_rows, self.pdl)
+        name = "lamport_all_gather_v" if _is_lamport("all_gather_v", algorithm) else "all_gather_v"
+        return kernels.call(name, x, *_gather_sizes(sizes), self.handles[group.name], out_rows, self.pdl)
 
     def _pipeline(self, nbytes: int) -> PipelineParams:
         """The pipelined algorithms' chunk size and blocks: the override, else by message size."""
@@ -116,14 +114,13 @@ class NvlinkBackend:
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion, algorithm, quant=None):
         dp = self.groups["attn_dp"]
         out_rows = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
-        host = list(dp_sizes.host or ())
         handle, tp = self.handles["world"], self.layout.attn_tp
         if quant is not None:
             return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
                                       OpCode.GATHER_TOKENS, out_rows)
         if fusion is not None:
-            return kernels.call("gather_tokens_norm", x, dp_sizes.device, host, fusion.residual, fusion.weight,
-                                                           fusion.eps, handle, tp, partial, out_rows, self.pdl)
+            return kernels.call("gather_tokens_norm", x, *_gather_sizes(dp_sizes), fusion.residual, fusion.weight,
+                                fusion.eps, handle, tp, partial, out_rows, self.pdl)
         if tp == 1:
             # One rank per DP group: the transition is all_gather_v over the world (same rows,
             # same order), and that kernel is the leaner one (measured: results/4xH200).
@@ -131,9 +128,9 @@ class NvlinkBackend:
         if not partial:
             algorithm = "one_shot"  # replicated rows: one-shot already sends each row once; nothing to reduce
         if _is_lamport("gather_tokens", algorithm):
-            return kernels.call("lamport_gather_tokens", x, dp_sizes.device, host, handle, tp, out_rows, self.pdl)
-        return kernels.call("gather_tokens", x, dp_sizes.device, host, handle, tp, partial,
-                                                  _code("gather_tokens", algorithm), out_rows, self.pdl)
+            return kernels.call("lamport_gather_tokens", x, *_gather_sizes(dp_sizes), handle, tp, out_rows, self.pdl)
+        return kernels.call("gather_tokens", x, *_gather_sizes(dp_sizes), handle, tp, partial,
+                            _code("gather_tokens", algorithm), out_rows, self.pdl)
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
         if self.layout.attn_tp == 1:
@@ -150,11 +147,9 @@ class NvlinkBackend:
                                                    self.pdl)
 
     def _reduced(self, op: str, x, dp_sizes: Sizes, algorithm: str):
-        """A transition run as the op it is when its attention-TP axis has size 1: with the
-        same algorithm where that op has it (the Lamport one-shot), else its first."""
-        other = OPS[op].reduces_to["attn_tp"]
-        names = [a.name for a in OPS[other].algorithms]
-        return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm if algorithm in names else names[0])
+        """A transition run as the op it is when its attention-TP axis has size 1."""
+        other, algorithm = _reduced_to(op, algorithm)
+        return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm)
 
     def close(self) -> None:
         """Release the workspace now; the caller has synchronised the device."""
@@ -169,7 +164,7 @@ class NvlinkBackend:
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
         data, scales, residual_out = kernels.call("quant_gather", 
             x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
-            self.handles[group.name], tp, partial, op, quant.format.code, out_rows)
+            self.handles[group.name], tp, partial, op, quant.format.code, out_rows, self.pdl)
         rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)
         return rows if fusion is None else (rows, residual_out)
 
@@ -209,13 +204,34 @@ MISMATCH_WORDS = {
 }
 
 
+def _gather_sizes(sizes: Sizes) -> tuple:
+    """A gather kernel's count arguments (sizes, host_sizes, own, learned): in own-count mode
+    (counts.py) this rank's count alone and the tensor the kernel fills with every member's."""
+    if sizes.own is not None:
+        return None, [], sizes.own, sizes.device
+    return sizes.device, list(sizes.host or ()), None, None
+
+
+# Facts of the op table looked up on every call: cached (OPS is fixed at import).
+@functools.cache
 def _protocol(op: str, algorithm: str):
     return OPS[op].algorithm(algorithm).protocol
 
 
+@functools.cache
 def _is_lamport(op: str, algorithm: str) -> bool:
     return _protocol(op, algorithm) is LAMPORT
 
 
+@functools.cache
 def _code(op: str, algorithm: str) -> int:
     return int(OPS[op].algorithm(algorithm).code)
+
+
+@functools.cache
+def _reduced_to(op: str, algorithm: str) -> tuple[str, str]:
+    """(the op a transition is when attn_tp = 1, its algorithm): the same algorithm where that
+    op has it (the Lamport one-shot), else its first."""
+    other = OPS[op].reduces_to["attn_tp"]
+    names = [a.name for a in OPS[other].algorithms]
+    return other, algorithm if algorithm in names else names[0]

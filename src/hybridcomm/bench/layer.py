@@ -90,13 +90,14 @@ def _errors(out: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
 # -- one (layout, tokens) point, on every rank ---------------------------------------------
 def run_layer_bench(layout_name: str, moe_tp: int | None, tokens_per_dp: list[int],
                     backends: list[str], steps: int, warmup: int, dtype_name: str,
-                    config_name: str, use_graphs: bool) -> dict:
+                    config_name: str, use_graphs: bool, quant: str | None = None) -> dict:
     """Run on every rank of an SpmdPool. Returns the same dict on every rank:
-    {layout, world_size, tokens_per_dp, config, dtype, graphs, steps,
+    {layout, world_size, tokens_per_dp, config, dtype, quant, graphs, steps,
      backends: [{backend, step_us, max_abs_error, max_rel_error}, ...]} with step_us the
     median step time, max_abs_error the largest element error against `reference_forward`
     and max_rel_error the largest relative row error ||out - ref|| / ||ref||, all max
-    over ranks."""
+    over ranks. quant: a hybridcomm.quant format for the gather into the MoE (fp8: fp8
+    experts; see model/quantized.py), None for 16-bit; the reference stays unquantized."""
     layout = parse_layout(layout_name, moe_tp)
     if len(tokens_per_dp) != layout.attn_dp:
         raise ValueError(f"tokens_per_dp: layout {layout.name} has {layout.attn_dp} DP groups, "
@@ -117,7 +118,7 @@ def run_layer_bench(layout_name: str, moe_tp: int | None, tokens_per_dp: list[in
     del group
     rows = []
     for backend in backends:
-        decoder = DistributedDecoder(cfg, weights, _communicator(layout, backend, device))
+        decoder = DistributedDecoder(cfg, weights, _communicator(layout, backend, device), quant=quant)
         step = lambda: decoder.forward(part, tokens_per_dp)  # noqa: E731
         if use_graphs:
             times, out = timing.graph_times(step, replays=steps, repeats=REPEATS, warmup=warmup)
@@ -128,8 +129,8 @@ def run_layer_bench(layout_name: str, moe_tp: int | None, tokens_per_dp: list[in
                      "max_abs_error": abs_error, "max_rel_error": rel_error})
         del decoder, out
     return {"layout": layout.name, "world_size": layout.world_size, "tokens_per_dp": list(tokens_per_dp),
-            "config": config_name, "dtype": dtype_name, "graphs": bool(use_graphs), "steps": steps,
-            "backends": rows}
+            "config": config_name, "dtype": dtype_name, "quant": quant, "graphs": bool(use_graphs),
+            "steps": steps, "backends": rows}
 
 
 def describe_device() -> str:
@@ -171,7 +172,7 @@ def _points(layouts: Sequence[str], tokens_list: Sequence, world_size: int,
 def bench_layer(layouts: Sequence[str], tokens_list: Sequence, world_size: int, device: str = "cuda",
                 backends: Sequence[str] = ("nccl", "auto"), steps: int = 50, warmup: int = 5,
                 dtype: str = "bfloat16", config: str = "bench", use_graphs: bool | None = None,
-                pool=None, timeout_s: float = 600.0) -> dict:
+                pool=None, timeout_s: float = 600.0, quants: Sequence[str | None] = (None,)) -> dict:
     """Time one decode step of the reference decoder for every (layout, tokens) pair.
 
     layouts: names as on the command line ('dp4', 'dp2xtp2', 'tp4', 'dp2xtp2,moe_tp2'),
@@ -188,6 +189,8 @@ def bench_layer(layouts: Sequence[str], tokens_list: Sequence, world_size: int, 
     pool: an existing SpmdPool of world_size ranks on `device` to reuse; default: one is
         created for this call and closed at the end.
     timeout_s: deadline of each (layout, tokens) point.
+    quants: each point runs once per entry: None (16-bit gather and experts) or a
+        hybridcomm.quant format (the gather quantizes; fp8 runs fp8 experts).
 
     Returns a JSON-serialisable dict: {date, torch, device, world_size, config (the
     ModelConfig as a dict), steps, warmup, graphs, results: [one run_layer_bench dict
@@ -204,10 +207,12 @@ def bench_layer(layouts: Sequence[str], tokens_list: Sequence, world_size: int, 
     try:
         results = []
         device_name = pool.run(describe_device, timeout=timeout_s)[0]
-        for i, (layout, tokens) in enumerate(points, 1):
-            print(f"[layer {i}/{len(points)}] {layout.name} tokens/dp {tokens} ...", file=sys.stderr, flush=True)
+        runs = [(layout, tokens, quant) for layout, tokens in points for quant in quants]
+        for i, (layout, tokens, quant) in enumerate(runs, 1):
+            print(f"[layer {i}/{len(runs)}] {layout.name} tokens/dp {tokens} quant {quant} ...", file=sys.stderr,
+                  flush=True)
             results.append(pool.run(run_layer_bench, layout.name, layout.moe_tp, tokens, list(backends),
-                                    steps, warmup, dtype, config, graphs, timeout=timeout_s)[0])
+                                    steps, warmup, dtype, config, graphs, quant, timeout=timeout_s)[0])
     finally:
         if own_pool:
             pool.close()
@@ -221,9 +226,11 @@ def format_layer_table(results) -> str:
     """A plain text table (nccl-tests style) of `bench_layer`'s dict, or of a list of
     `run_layer_bench` dicts."""
     runs = results["results"] if isinstance(results, dict) else results
-    # A speed-up needs a second backend in the run.
+    # A speed-up needs a second backend in the run; a quant column, a quantized run.
     speedups = any(len(run["backends"]) > 1 for run in runs)
-    header = (f"{'layout':<18} {'tokens/dp':>12} {'backend':>12} {'step us':>10} "
+    quants = any(run.get("quant") for run in runs)
+    header = (f"{'layout':<18} {'tokens/dp':>12} " + (f"{'quant':>7} " if quants else "")
+              + f"{'backend':>12} {'step us':>10} "
               + (f"{'speed-up':>9} " if speedups else "") + f"{'max abs err':>12} {'max rel err':>12}")
     lines = [header, "-" * len(header)]
     for run in runs:
@@ -231,7 +238,8 @@ def format_layer_table(results) -> str:
         tokens = ",".join(str(t) for t in run["tokens_per_dp"])
         for b in run["backends"]:
             speedup = first / b["step_us"] if first and b["step_us"] else float("nan")
-            lines.append(f"{run['layout']:<18} {tokens:>12} {b['backend']:>12} {b['step_us']:>10.1f} "
+            quant = f"{run.get('quant') or 'none':>7} " if quants else ""
+            lines.append(f"{run['layout']:<18} {tokens:>12} {quant}{b['backend']:>12} {b['step_us']:>10.1f} "
                          + (f"{speedup:>8.2f}x " if speedups else "")
                          + f"{b['max_abs_error']:>12.3g} {b.get('max_rel_error', float('nan')):>12.3g}")
     return "\n".join(lines)

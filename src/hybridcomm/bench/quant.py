@@ -16,6 +16,8 @@ Columns (µs per call, graph replay, median, max over ranks):
 from __future__ import annotations
 
 import sys
+import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,6 +37,10 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 DTYPE = torch.bfloat16
 BUFFERS = 5  # input, reduced chunk, gathered data, gathered scales, quantized bytes to send
 GLOBAL_SCALE = 448.0 * 6.0 / 5.0  # nvfp4: randn rows have amax about 5
+# The quantize-then-NCCL paths take >= 25 us a call (results/4xH200/quant_4xH200.md) and dozens
+# of kernels each (the torch quantizer): 20 calls make a replay of >= 0.5 ms, long enough to
+# time, and keep their graph captures from dominating the sweep's run time.
+NCCL_CALLS_PER_GRAPH = 20
 
 
 def _cut(buffer: torch.Tensor, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -98,25 +104,50 @@ def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: in
     return calls
 
 
-def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int]) -> dict:
-    """Worker entry (every rank)."""
+# Kept by each worker between the sweep's pieces (bench_quant runs one (layout, hidden) per pool
+# call): creating buffers and Communicators is collective and slow.
+_kept: dict = {}
+
+
+def _buffers(nbytes: int, device: torch.device):
+    if _kept.get("nbytes") != nbytes:
+        _kept.update(nbytes=nbytes, symm=NcclSymmetricBuffers([nbytes] * BUFFERS, device),
+                     plain=[torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(BUFFERS)])
+    return _kept["symm"], _kept["plain"]
+
+
+def _communicators(layout: Layout, area: int):
+    key = ("comms", layout, area)
+    if key not in _kept:
+        _kept[key] = (Communicator(layout, workspace_bytes=area),
+                      forced_communicators(layout, ["gather_tokens_quant"], workspace_bytes=area))
+    return _kept[key]
+
+
+def _calls_per_graph(impl: str, counts: list[int], hidden: int) -> int:
+    n = timing.calls_per_graph(sum(counts) * hidden * DTYPE.itemsize)
+    return min(n, NCCL_CALLS_PER_GRAPH) if impl.startswith("nccl") else n
+
+
+def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
+                capacity: tuple[int, int] | None = None) -> dict:
+    """Worker entry (every rank). capacity: (tokens, hidden) to size the buffers and workspaces
+    for (default: this call's largest), the same for every piece of a sweep so they are kept."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
-    nbytes = max(tokens) * dist.get_world_size() * max(hiddens) * DTYPE.itemsize
-    symm = NcclSymmetricBuffers([nbytes] * BUFFERS, device)
-    plain = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(BUFFERS)]
-    area = 2 * max(tokens) * max(hiddens) * DTYPE.itemsize + (1 << 20)  # LL: 2x the largest bf16 rows
+    max_tokens, max_hidden = capacity or (max(tokens), max(hiddens))
+    symm, plain = _buffers(max_tokens * dist.get_world_size() * max_hidden * DTYPE.itemsize, device)
+    area = 2 * max_tokens * max_hidden * DTYPE.itemsize + (1 << 20)  # LL: 2x the largest bf16 rows
     for name in layout_names:
         layout = Layout.parse(name)
-        comm = Communicator(layout, workspace_bytes=area)
-        forced_comms = forced_communicators(layout, ["gather_tokens_quant"], workspace_bytes=area)
+        comm, forced_comms = _communicators(layout, area)
         for hidden in hiddens:
             for label, counts in token_cases(layout, tokens):
                 for fmt in formats:
                     calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain)
                     names = sorted(calls)
-                    calls_per_graph = timing.calls_per_graph(sum(counts) * hidden * DTYPE.itemsize)
-                    us = timing.max_over_ranks([timing.graph_us(calls[k], calls_per_graph) for k in names])
+                    us = timing.max_over_ranks([timing.graph_us(calls[k], _calls_per_graph(k, counts, hidden))
+                                                for k in names])
                     for k, t in zip(names, us):
                         records.append({"layout": layout.name, "format": fmt, "hidden": hidden, "case": label,
                                         "tokens_per_dp": counts, "impl": k, "us": t})
@@ -124,17 +155,29 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
                         row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
                         print(f"[quant] {layout.name} {fmt} h{hidden} {label} {counts}: {row}", file=sys.stderr,
                               flush=True)
-        del comm, forced_comms
     return {"environment": timing.environment(), "dtype": str(DTYPE), "nccl_symm_note": symm.error,
             "records": records}
 
 
 def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
-                world_size: int = 4, timeout_s: float = 1800.0) -> dict:
+                world_size: int = 4, timeout_s: float = 900.0, progress: Callable[[dict], None] | None = None) -> dict:
+    """The sweep, one pool call (deadline timeout_s) per (layout, hidden); after each,
+    progress(the results so far) -- the CLI writes them, so a run cut short keeps its pieces."""
     from ..spmd import SpmdPool
 
+    results: dict = {}
     with SpmdPool(world_size, "cuda") as pool:
-        return pool.run(sweep_quant, layouts, formats, hiddens, tokens, timeout=timeout_s)[0]
+        for layout in layouts:
+            for hidden in hiddens:
+                start = time.monotonic()
+                piece = pool.run(sweep_quant, [layout], formats, [hidden], tokens, (max(tokens), max(hiddens)),
+                                 timeout=timeout_s)[0]
+                results = {**piece, "records": results.get("records", []) + piece["records"]}
+                print(f"[quant] {layout} hidden {hidden}: {time.monotonic() - start:.0f} s", file=sys.stderr,
+                      flush=True)
+                if progress is not None:
+                    progress(results)
+    return results
 
 
 # -- report -------------------------------------------------------------------------------------

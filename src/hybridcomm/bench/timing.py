@@ -3,7 +3,7 @@
 A call is captured `calls` times back to back in one CUDA graph; the graph is replayed
 `repeats` times between events; the median µs per call is taken on each rank and the
 max over ranks is reported (the slowest rank sets a collective's time). Eager launch
-overhead stays out of the number; `eager_us` measures it separately.
+overhead stays out of the number; `eager_us` (wall clock) and `issue_us` (host) measure it.
 """
 
 from __future__ import annotations
@@ -85,7 +85,9 @@ def eager_times(call: Callable[[], object], steps: int, warmup: int = 1) -> tupl
 
 
 def eager_us(call: Callable[[], object], calls: int = 200) -> float:
-    """Wall-clock µs per eager call (Python, checks, launch), the device kept ahead of it."""
+    """Wall-clock µs per call of `calls` back-to-back eager calls, to the end of the last on the
+    device: the host cost when the host is the bottleneck, plus whatever the device and the
+    peers (a collective waits for all) add. Noisy: take the median of several (bench/eager.py)."""
     for _ in range(10):
         call()
     torch.cuda.synchronize()
@@ -95,6 +97,26 @@ def eager_us(call: Callable[[], object], calls: int = 200) -> float:
         call()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) * 1e6 / calls
+
+
+ISSUE_CALLS = 20  # far below the launch queue's depth (~1000 launches), so no call waits for room
+
+
+def issue_us(call: Callable[[], object], calls: int = ISSUE_CALLS) -> float:
+    """Host µs per eager call to return (Python, checks, allocation, launch), the device idle at
+    the start and nothing synchronised while timing: independent of the peers' jitter."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    dist.barrier()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    dist.barrier()  # every rank's calls finished before the next measurement starts
+    return elapsed * 1e6 / calls
 
 
 def max_over_ranks(values: list[float]) -> list[float]:

@@ -20,9 +20,11 @@ namespace hc {
 constexpr int kMaxRanks = 8;      // members of one group
 constexpr int kThreads = 512;     // threads per block of every kernel
 constexpr int kMaxBlocks = 256;   // blocks per kernel (bulk-protocol flags per (phase, source))
-// Arrival packets at the start of a group's region: one LL packet per (slot, source) that says
-// "source started call `flag`" and carries the call's fingerprint (call.cuh).
-constexpr int kArrivalBytes = 2 * kMaxRanks * 16;
+// Arrival packets at the start of a group's region, two LL packets per (slot, source): the
+// arrival, which says "source started call `flag`" and carries the call's fingerprint
+// (call.cuh), then the count, which carries the source's own row count in calls given only
+// that (own_count.cuh).
+constexpr int kArrivalBytes = 2 * 2 * kMaxRanks * 16;
 // Flags at the start of a group's region: arrival flags, then one flag per (phase, source,
 // block) for the bulk protocol.
 constexpr int kFlagBytes = kArrivalBytes + 2 * kMaxRanks * kMaxBlocks * 4;
@@ -149,10 +151,13 @@ struct GroupArgs {
   int max_blocks;                  // grid limit (host side): one block per SM keeps all co-resident
 };
 
-// Row counts per member: read from device memory (graph replays with new counts) or given inline.
+// Row counts per member: read from device memory (graph replays with new counts) or given inline;
+// or, in own-count mode, this rank's count alone, exchanged by the kernel (own_count.cuh).
 struct SizesArg {
   const int32_t* device;  // null: use host[]
   int32_t host[kMaxRanks];
+  const int32_t* own;     // own-count mode: this rank's (DP group's) count in device memory; null: off
+  int32_t* learned;       // own-count mode: where the kernel writes every member's count
 };
 
 // GroupState words (local device memory, zero at start).

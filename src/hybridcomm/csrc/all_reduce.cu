@@ -12,11 +12,30 @@
 
 namespace hc {
 
-template <typename T>
-__device__ __forceinline__ void all_reduce_one_shot(const CallCtx& cx, const uint2* __restrict__ in,
-                                                    uint2* __restrict__ out, int64_t lanes) {
-  for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) push_to_peers(cx, cx.everyone(), 0, i, in[i]);
-  for (int64_t i = grid_thread(); i < lanes; i += grid_threads()) {
+// Each thread loads its first K lanes (i0, i0 + stride, ...) before arrive(): those loads then
+// overlap the call-flag load arrive() waits for, instead of following it (one memory latency
+// less before the first store). Lanes beyond (grids capped at max_blocks) take the plain loops.
+template <typename T, int K>
+__device__ __forceinline__ void all_reduce_one_shot(const CallCtx& cx, uint64_t fingerprint,
+                                                    const uint2* __restrict__ in, uint2* __restrict__ out,
+                                                    int64_t lanes) {
+  const int64_t i0 = grid_thread(), stride = grid_threads();
+  uint2 first[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) first[j] = i0 + j * stride < lanes ? in[i0 + j * stride] : make_uint2(0, 0);
+  arrive(cx, fingerprint);
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    if (i0 + j * stride < lanes) push_to_peers(cx, cx.everyone(), 0, i0 + j * stride, first[j]);
+  }
+  for (int64_t i = i0 + K * stride; i < lanes; i += stride) push_to_peers(cx, cx.everyone(), 0, i, in[i]);
+  HC_TRACE_EVENT(kTraceSent);
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const int64_t i = i0 + j * stride;
+    if (i < lanes) out[i] = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, first[j]);
+  }
+  for (int64_t i = i0 + K * stride; i < lanes; i += stride) {
     out[i] = reduce_sources<T>(cx, 0, cx.g.nranks, cx.g.me, 0, i, in[i]);
   }
 }
@@ -97,16 +116,19 @@ __device__ __forceinline__ void all_reduce_two_shot_bulk(const CallCtx& cx, cons
   });
 }
 
-template <typename T, int kAlgorithm>
+// K: lanes per thread of the one-shot (kOneShotShapes below); 1 for the others.
+template <typename T, int kAlgorithm, int K = 1>
 __global__ void __launch_bounds__(kThreads)
     all_reduce(GroupArgs g, const uint4* __restrict__ in, uint4* __restrict__ out, int64_t units) {
   const CallCtx cx = begin_call(g, kAllReduce);
-  arrive(cx, make_fingerprint(kAllReduce, Lane<T>::kDType, kAlgorithm, 0, 0, (uint64_t)units * 16));
+  const uint64_t fingerprint = make_fingerprint(kAllReduce, Lane<T>::kDType, kAlgorithm, 0, 0, (uint64_t)units * 16);
   if constexpr (kAlgorithm == kAllReduceOneShot) {
-    all_reduce_one_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
+    all_reduce_one_shot<T, K>(cx, fingerprint, (const uint2*)in, (uint2*)out, units * 2);  // arrives itself
   } else if constexpr (kAlgorithm == kAllReduceTwoShot) {
+    arrive(cx, fingerprint);
     all_reduce_two_shot<T>(cx, (const uint2*)in, (uint2*)out, units * 2);
   } else {
+    arrive(cx, fingerprint);
     all_reduce_two_shot_bulk<T>(cx, in, out, units);
   }
   end_call(cx);
@@ -115,6 +137,24 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace hc
 
 using namespace hc;
+
+namespace {
+
+// Lanes per thread of the LL one-shot, by message size (first row whose max_bytes holds it).
+// Kernels exist for 1 and 2 (the dispatch below).
+struct OneShotShape {
+  int64_t max_bytes;
+  int lanes_per_thread;
+};
+constexpr OneShotShape kOneShotShapes[] = {{INT64_MAX, 1}};
+
+int one_shot_lanes_per_thread(int64_t nbytes) {
+  for (const OneShotShape& s : kOneShotShapes)
+    if (nbytes <= s.max_bytes) return s.lanes_per_thread;
+  return 1;
+}
+
+}  // namespace
 
 // algorithm: an AllReduceAlgorithm (abi.h). nbytes: a multiple of kRowAlignBytes.
 extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const void* in, void* out,
@@ -130,11 +170,14 @@ extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const
   if (!fits_area(per_peer * (bulk ? kBulkUnitBytes : kLLUnitBytes), bulk ? kBulkWireFactor : kLLWireFactor,
                  g->area_bytes))
     return (int)cudaErrorInvalidValue;
-  const int blocks = blocks_for(per_peer, *g);
+  const int lanes_per_thread = algorithm == kAllReduceOneShot ? one_shot_lanes_per_thread(nbytes) : 1;
+  const int blocks = blocks_for(ceil_div(per_peer, lanes_per_thread), *g);
   const auto* x = (const uint4*)in;
   auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
-    if (algorithm == kAllReduceOneShot)
+    if (algorithm == kAllReduceOneShot && lanes_per_thread == 2)
+      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot, 2>, blocks, kThreads, stream, pdl, *g, x, y, units);
+    else if (algorithm == kAllReduceOneShot)
       status = launch_kernel(all_reduce<Elem, kAllReduceOneShot>, blocks, kThreads, stream, pdl, *g, x, y, units);
     else if (algorithm == kAllReduceTwoShot)
       status = launch_kernel(all_reduce<Elem, kAllReduceTwoShot>, blocks, kThreads, stream, pdl, *g, x, y, units);

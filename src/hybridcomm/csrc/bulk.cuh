@@ -33,7 +33,7 @@ __device__ __forceinline__ void wait_flag(const CallCtx& cx, const uint32_t* f, 
     uint32_t v;
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
     if ((int32_t)(v - cx.flag) >= 0) break;
-    if ((++spins & 63) == 0 && cx.give_up(member)) break;
+    if ((++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member)) break;
   }
 }
 
@@ -48,9 +48,11 @@ __device__ __forceinline__ void signal_block(const CallCtx& cx, int phase) {
 // Waits until the same block of every peer has released `phase`.
 __device__ __forceinline__ void wait_block(const CallCtx& cx, int phase) {
   const GroupArgs& g = cx.g;
+  HC_TRACE_EVENT_ONCE(kTraceWaitBegin);
   if (threadIdx.x < g.nranks && threadIdx.x != g.me)
     wait_flag(cx, block_flag(g.regions[g.me], phase, threadIdx.x, blockIdx.x), threadIdx.x);
   __syncthreads();
+  HC_TRACE_EVENT(kTraceWaitEnd);
 }
 
 // Read a unit a peer wrote (L2, not a possibly stale L1 line), then zero it (see above).

@@ -21,11 +21,18 @@
 #include "abi.h"
 #include "packet.cuh"
 #include "pdl.cuh"
+#include "trace.cuh"
 
 namespace hc {
 
 __device__ __forceinline__ int64_t grid_thread() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * blockDim.x; }
+
+// Polls of a wait between two give_up checks. A check reads the abort flag, the peer's arrival
+// packet and the clock, one after the other; data landing meanwhile is seen only after it.
+// 64 polls of local memory take several µs: a deadline or an abort is still noticed at once.
+constexpr int kPollsPerCheck = 64;
+static_assert((kPollsPerCheck & (kPollsPerCheck - 1)) == 0, "a power of two: the waits test it with a mask");
 
 __device__ __forceinline__ uint64_t global_timer_ns() {
   uint64_t t;
@@ -33,10 +40,17 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
-// Region layout: [arrival packets][bulk flags][slot 0: area A x n, area B x n][slot 1: same].
-// Source `src`'s arrival packet for calls of slot `slot`.
+// Region layout: [arrival packets][count packets][bulk flags][slot 0: area A x n, area B x n]
+// [slot 1: same]. Source `src`'s arrival packet for calls of slot `slot`.
 __device__ __forceinline__ uint4* arrival_packet(char* region, int slot, int src) {
   return (uint4*)region + slot * kMaxRanks + src;
+}
+
+// Source `src`'s count packet (its own row count, own_count.cuh) for calls of slot `slot`.
+// It rotates like the arrival packet beside it, and the same argument (arrive) keeps a fast
+// peer from overwriting it before it is read.
+__device__ __forceinline__ uint4* count_packet(char* region, int slot, int src) {
+  return (uint4*)region + (2 + slot) * kMaxRanks + src;
 }
 
 // What the cold path of a wait needs to check a peer's fingerprint, in shared memory rather
@@ -54,14 +68,12 @@ __device__ __forceinline__ Agreement& agreement() {
   return a;
 }
 
-// Whether `member` (global rank `rank`) has sent its arrival for call `flag` with a fingerprint
-// other than mine; if so records kArgumentMismatch with the first field that differs. Called
-// every few dozen polls of a wait, never on the way of data. (Inline: with its state in shared
-// memory no kernel spills; out of line, the call made the register-bound ones spill.)
-__device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t flag) {
+// Whether `theirs`, the fingerprint in an arrival packet from global rank `rank`, differs
+// from mine; if so records kArgumentMismatch with the first field that differs. (Inline: with
+// its state in shared memory no kernel spills; out of line, the call made the register-bound
+// ones spill.)
+__device__ __forceinline__ bool fingerprint_disagrees(uint2 theirs, int rank) {
   const Agreement& a = agreement();
-  uint2 theirs;
-  if (!Packet::try_get(a.arrivals + member, flag, theirs)) return false;
   const int field = first_difference(a.fingerprint, ((uint64_t)theirs.y << 32) | theirs.x);
   if (!field) return false;
   const unsigned long long word = a.error | ((unsigned long long)(rank & kErrorPeerMask) << kErrorPeerShift) |
@@ -71,6 +83,13 @@ __device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t
     __threadfence_system();
   }
   return true;
+}
+
+// Whether `member` (global rank `rank`) has sent its arrival for call `flag` with a fingerprint
+// other than mine (then recorded). Called every few dozen polls of a wait, never on the way of data.
+__device__ __forceinline__ bool arrival_disagrees(int member, int rank, uint32_t flag) {
+  uint2 theirs;
+  return Packet::try_get(agreement().arrivals + member, flag, theirs) && fingerprint_disagrees(theirs, rank);
 }
 
 // Group members base .. base + count - 1, `self` being my index among them.
@@ -107,8 +126,9 @@ struct CallCtx {
   // Records (code, op, group, member's global rank); the first error wins. The CAS is on
   // device memory (atomics on host memory need PCIe atomics); the winner copies the word to
   // the host-visible mirror with a plain store.
-  __device__ __forceinline__ void fail(uint32_t code, int member) const {
-    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member]);
+  // `detail`: kArgumentMismatch's CallField.
+  __device__ __forceinline__ void fail(uint32_t code, int member, int detail = 0) const {
+    unsigned long long word = pack_error(code, op, g.group_id, g.world_ranks[member], detail);
     if (atomicCAS(g.error_word, 0ull, word) == 0ull) {
       *(volatile unsigned long long*)g.error_mirror = word;
       __threadfence_system();
@@ -153,6 +173,7 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
     }
   }
   const uint32_t waited = pending;
+  if (waited) HC_TRACE_EVENT_ONCE(kTraceWaitBegin);
   int spins = 0;
   while (pending) {
 #pragma unroll
@@ -161,8 +182,9 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
         if (try_get(src[s], data[s])) pending &= ~(1u << s);
       }
     }
-    if (pending && (++spins & 15) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
+    if (pending && (++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member_base + __ffs(pending) - 1)) break;
   }
+  if (waited) HC_TRACE_EVENT(kTraceWaitEnd);
   return waited;
 }
 
@@ -170,8 +192,10 @@ __device__ __forceinline__ uint32_t wait_all(const CallCtx& cx, int n, int membe
 // (pdl.cuh): everything below touches memory the previous kernel may still use (the group's
 // counters, the areas, the inputs, the counts), and the deadline starts after it.
 __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
+  HC_TRACE_ENTRY();
   wait_for_previous_kernel();
   allow_next_kernel();
+  HC_TRACE_READY();
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
   return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
 }
@@ -189,43 +213,65 @@ __device__ __forceinline__ void arrive(const CallCtx& cx, uint64_t fingerprint) 
     Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
                 make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);
   }
+  HC_TRACE_EVENT(kTraceArrived);
 }
 
-// Block 0 waits until every peer has started this call, and checks that it is the same call.
+// Block 0 waits until every peer has started this call, and checks that it is the same call,
+// from the packet it polled (no second load). The waiting threads are the last warp's: in a
+// small call that warp holds no data and reaches end_call at once, so this wait overlaps the
+// other warps' wait for data instead of following it.
 __device__ __forceinline__ void wait_arrivals(const CallCtx& cx) {
   const GroupArgs& g = cx.g;
-  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
-    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, threadIdx.x);
+  const int member = (int)threadIdx.x - (int)(blockDim.x - kMaxRanks);  // the last kMaxRanks threads
+  if (blockIdx.x == 0 && member >= 0 && member < g.nranks && member != g.me) {
+    const uint4* src = arrival_packet(g.regions[g.me], cx.slot, member);
     uint2 theirs;
     int spins = 0;
-    while (!Packet::try_get(src, cx.flag, theirs)) {
-      if ((++spins & 63) == 0 && cx.give_up(threadIdx.x)) break;
+    bool arrived;
+    while (!(arrived = Packet::try_get(src, cx.flag, theirs))) {
+      if ((++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member)) break;
     }
-    cx.disagrees(threadIdx.x);
+    if (arrived) fingerprint_disagrees(theirs, g.world_ranks[member]);
   }
 }
 
 // Every kernel ends here; the last block to finish publishes the call as completed.
 // `on_last()` runs just before, in every thread of that block, after block 0's arrival wait:
 // every peer has started this call (a protocol's own per-group state: lamport.cuh).
+// A grid of one block (every small message) is its own last block: it skips the fence and the
+// count, a device-wide fence and an atomic round trip on the way out. Nothing needs them: the
+// count exists to find the last block, and what the block wrote reaches the next kernel through
+// the kernel boundary (its PDL wait returns once this kernel is complete and its writes visible).
 template <typename OnLast>
 __device__ __forceinline__ void end_call(const CallCtx& cx, OnLast on_last) {
   const GroupArgs& g = cx.g;
   __shared__ bool last;
+  HC_TRACE_EVENT(kTraceEndBegin);
   wait_arrivals(cx);
   __syncthreads();
+  HC_TRACE_EVENT(kTraceArrivals);
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's writes (errors recorded included) before its count
-    last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
+    if (gridDim.x == 1) {
+      last = true;
+    } else {
+      __threadfence();  // this block's writes (errors recorded included) before its count
+      last = atomicAdd(&g.state[kBlocksDone], 1u) == gridDim.x - 1;
+    }
   }
   __syncthreads();
-  if (!last) return;
+  HC_TRACE_EVENT(kTraceCounted);
+  if (!last) {
+    HC_TRACE_FLUSH(cx.op, cx.flag, g.me);
+    return;
+  }
   on_last();
   __syncthreads();
   if (threadIdx.x == 0) {
     g.state[kBlocksDone] = 0;
     *(volatile uint32_t*)&g.state[kCalls] = cx.flag;
   }
+  HC_TRACE_FLUSH(cx.op, cx.flag, g.me);
+  HC_TRACE_LAST(cx.flag);
 }
 
 __device__ __forceinline__ void end_call(const CallCtx& cx) {

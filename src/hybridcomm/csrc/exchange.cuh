@@ -22,9 +22,11 @@ __device__ __forceinline__ uint2 wait_lane(const CallCtx& cx, int phase, int mem
   const uint4* src = cx.inbox(phase, member) + i;
   uint2 data = make_uint2(0, 0);
   int spins = 0;
+  HC_TRACE_EVENT_ONCE(kTraceWaitBegin);
   while (!Packet::try_get(src, cx.flag, data)) {
-    if ((++spins & 15) == 0 && cx.give_up(member)) break;
+    if ((++spins & (kPollsPerCheck - 1)) == 0 && cx.give_up(member)) break;
   }
+  HC_TRACE_EVENT(kTraceWaitEnd);
   return data;
 }
 

@@ -14,8 +14,12 @@
 //
 // Lanes are 8 bytes; lane i of a group is lane i of its row-major rows. Receive areas are
 // indexed by that group-local lane in every phase.
+//
+// Given only this DP group's own count (own_count.cuh), each algorithm learns the others'
+// counts after its first sends, which need only its own group's rows (learn_counts).
 #include "block_reduce.cuh"
 #include "launch.cuh"
+#include "own_count.cuh"
 #include "reserved.cuh"
 
 namespace hc {
@@ -46,8 +50,8 @@ __device__ __forceinline__ void receive_chunked(const CallCtx& cx, const TokenSh
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenShape& s, int partial,
+template <typename T, bool kOwn>
+__device__ __forceinline__ void gather_one_shot(const CallCtx& cx, TokenShape& s, int partial,
                                                 const uint2* __restrict__ in, uint2* __restrict__ out,
                                                 const RowsArg& io) {
   const int tp = s.tp;
@@ -60,6 +64,7 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
     // Replicated rows move unchanged, so the reserved pattern is fixed here (reserved.cuh).
     push_lanes(cx, s, 0, partial, i, i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0));
   }
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);
   if (partial) {
     const int64_t total = s.rc.offset[s.dp] * row_lanes;
     for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
@@ -71,24 +76,25 @@ __device__ __forceinline__ void gather_one_shot(const CallCtx& cx, const TokenSh
     }
   } else {
     const int64_t mine = s.rc.offset[s.d] * row_lanes;
-    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
       if (mine + i < out_lanes) out[mine + i] = i < in_lanes ? fix_reserved<T>(in[i]) : make_uint2(0, 0);
     }
     receive_chunked(cx, s, 0, true, out, out_lanes);
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenShape& s, const uint2* __restrict__ in,
+template <typename T, bool kOwn>
+__device__ __forceinline__ void gather_two_shot(const CallCtx& cx, TokenShape& s, const uint2* __restrict__ in,
                                                 uint2* __restrict__ out, const RowsArg& io) {
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
-  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: lane i of chunk t' goes to tp peer t'.
-  for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+  for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
     const int holder = chunk_holder(s, s.d, i);
     if (holder != cx.g.me) put_lane(cx, holder, 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
   }
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
+  const int64_t rows = s.rc.count[s.d];
   // Sum my chunk over the tp ranks, keep it, push it to every other rank.
   const int64_t begin = chunk_begin(rows, s.t, tp) * row_lanes, end = chunk_begin(rows, s.t + 1, tp) * row_lanes;
   const int64_t mine = s.rc.offset[s.d] * row_lanes;
@@ -102,20 +108,21 @@ __device__ __forceinline__ void gather_two_shot(const CallCtx& cx, const TokenSh
   receive_chunked(cx, s, 1, false, out, out_lanes);
 }
 
-template <typename T>
-__device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape& s, int partial,
+template <typename T, bool kOwn>
+__device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, int partial,
                                              const uint2* __restrict__ in, uint2* __restrict__ out,
                                              const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                                              uint2* __restrict__ residual_out, float eps, const RowsArg& io) {
   const int tp = s.tp;
   const int64_t row_lanes = s.row_lanes, in_lanes = io.in_lanes(), out_lanes = io.out_lanes();
-  const int64_t rows = s.rc.count[s.d], my_lanes = rows * row_lanes;
   // Phase 1: partial rows to my tp peers.
   if (partial) {
-    for (int64_t i = grid_thread(); i < my_lanes; i += grid_threads()) {
+    for (int64_t i = grid_thread(); i < s.rc.count[s.d] * row_lanes; i += grid_threads()) {
       push_to_peers(cx, s.tp_group(), 0, i, i < in_lanes ? in[i] : make_uint2(0, 0));
     }
   }
+  if constexpr (kOwn) learn_counts(cx, io, tp, s.rc);  // (after an error my rows count as zero too)
+  const int64_t rows = s.rc.count[s.d];
   // One block per row (a warp per row serialised 32 packet waits per lane): sum, add the
   // residual, normalise; push the rows of my chunk to the other groups.
   __shared__ float warp_sums[kThreads / 32];
@@ -157,24 +164,34 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, const TokenShape
   receive_chunked(cx, s, 1, true, out, out_lanes);
 }
 
-template <typename T, int kAlgorithm>
+// kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+template <typename T, int kAlgorithm, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     gather_tokens(GroupArgs g, int tp, int partial, const uint2* __restrict__ in, uint2* __restrict__ out,
                   const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                   uint2* __restrict__ residual_out, float eps, RowsArg io) {
   const CallCtx cx = begin_call(g, kGatherTokens);
-  const TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes);
+  TokenShape s = token_shape(cx, tp, counted<kOwn>(io, g.me / tp).sizes, io.row_lanes);
+  if constexpr (kOwn) s.rc.hash = kOwnCountsHash;
   check_buffers(cx, s.rc.count[s.d] > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   arrive(cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, kAlgorithm, s.variant(partial), s.rc.hash,
                               (uint64_t)io.row_lanes * 8));
+  if constexpr (kOwn) publish_own_count(cx, io, s.rc, s.d);
   if constexpr (kAlgorithm == kGatherTokensOneShot) {
-    gather_one_shot<T>(cx, s, partial, in, out, io);
+    gather_one_shot<T, kOwn>(cx, s, partial, in, out, io);
   } else if constexpr (kAlgorithm == kGatherTokensTwoShot) {
-    gather_two_shot<T>(cx, s, in, out, io);
+    gather_two_shot<T, kOwn>(cx, s, in, out, io);
   } else {
-    gather_fused<T>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
+    gather_fused<T, kOwn>(cx, s, partial, in, out, residual, weight, residual_out, eps, io);
   }
   end_call(cx);
+}
+
+// One algorithm's kernel, its own-count instance or not.
+template <typename T, int kAlgorithm, typename... Args>
+int launch_gather_tokens(bool own, int blocks, cudaStream_t stream, int pdl, Args... args) {
+  return launch_kernel(own ? gather_tokens<T, kAlgorithm, true> : gather_tokens<T, kAlgorithm, false>, blocks,
+                       kThreads, stream, pdl, args...);
 }
 
 }  // namespace hc
@@ -183,32 +200,35 @@ using namespace hc;
 
 // algorithm: a GatherTokensAlgorithm (abi.h); two-shot takes partial rows only; fused adds the
 // residual and applies RMSNorm.
+// own_count: this DP group's count alone (as in hc_all_gather_v; sizes_device receives every group's).
 // in_rows: rows `in` holds (capacity); out_rows: rows `out` holds. residual, weight,
 // residual_out are read by the fused algorithm only (residual / residual_out hold in_rows rows).
 extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, int tp, int partial,
                                 const void* in, void* out, const void* residual, const void* weight,
                                 void* residual_out, float eps, const int32_t* sizes_device,
-                                const int32_t* sizes_host, int64_t row_bytes, int64_t in_rows,
-                                int64_t out_rows, int pdl, cudaStream_t stream) {
+                                const int32_t* sizes_host, const int32_t* own_count, int64_t row_bytes,
+                                int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
   int status = 0;  // cudaError_t of the launch
-  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial))
+  if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp || (algorithm == kGatherTokensTwoShot && !partial) ||
+      (own_count && !sizes_device))
     return (int)cudaErrorInvalidValue;
-  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
   const int blocks = blocks_for(out_rows * io.row_lanes, *g);
   const auto* x = (const uint2*)in;
   auto* y = (uint2*)out;
   const auto *res = (const uint2*)residual, *w = (const uint2*)weight;
   auto* res_out = (uint2*)residual_out;
   HC_DISPATCH_DTYPE(dtype, {
+    const bool own = own_count != nullptr;
     if (algorithm == kGatherTokensOneShot)
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensOneShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                                res_out, eps, io);
     else if (algorithm == kGatherTokensTwoShot)
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensTwoShot>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensTwoShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                                res_out, eps, io);
     else
-      status = launch_kernel(gather_tokens<Elem, kGatherTokensFused>, blocks, kThreads, stream, pdl, *g, tp, partial,
-                             x, y, res, w, res_out, eps, io);
+      status = launch_gather_tokens<Elem, kGatherTokensFused>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+                                                              res_out, eps, io);
   });
   return status;
 }

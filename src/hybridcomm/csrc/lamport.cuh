@@ -75,6 +75,7 @@ struct LamportCall {
   int slot;              // slot this call receives in (and sends to)
   int refill_slot;       // slot the previous Lamport call used: re-filled now
   int64_t refill_units;  // units per source area that call used
+  bool refill_whole;     // that call recorded an error: re-fill its slot's areas whole (end_lamport_call)
 
   // Area of member `src` in `slot` of member `owner`'s Lamport part.
   __device__ __forceinline__ uint4* area(int owner, int slot_index, int src) const {
@@ -93,9 +94,13 @@ struct LamportCall {
 // Lamport counters. The caller computes its counts and then calls arrive().
 __device__ __forceinline__ LamportCall begin_lamport_call(const GroupArgs& g, const LamportArgs& l, int op) {
   const CallCtx cx = begin_call(g, op);
+  // Read together, so their latencies overlap (the last block rewrites them at the end, after
+  // every block has read them: end_call counts blocks in first).
   const uint32_t slot = *(volatile uint32_t*)&l.state[kLamportSlot];
   const uint32_t used = *(volatile uint32_t*)&l.state[kLamportUsedUnits];
-  return LamportCall{cx, l, (int)slot, (int)((slot + kLamportSlots - 1) % kLamportSlots), (int64_t)used};
+  const uint32_t mismatched = *(volatile uint32_t*)&l.state[kLamportMismatched];
+  return LamportCall{cx, l, (int)slot, (int)((slot + kLamportSlots - 1) % kLamportSlots), (int64_t)used,
+                     mismatched != 0};
 }
 
 // Waits for unit i of every source s < n with wants(s) (member member_base + s) in my areas,
@@ -153,18 +158,21 @@ __device__ __forceinline__ void refill_previous_slot(const LamportCall& lc) {
 // its stores have landed; and they write that slot again only two calls later. (Rare and slow:
 // one block, whole areas.) Ranks that ran different protocols in one call get out of step for
 // good: see docs/lamport.md.
+//
+// The error word is read after a fence only in a grid of several blocks (other blocks' errors,
+// published by their fence and count in end_call); a one-block grid's own threads recorded
+// theirs before end_call's barriers, which make them visible to thread 0.
 __device__ __forceinline__ void end_lamport_call(const LamportCall& lc, int64_t used_units) {
   end_call(lc.cx, [&] {
     const GroupArgs& g = lc.cx.g;
-    if (lc.l.state[kLamportMismatched]) {
+    if (lc.refill_whole) {
       const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);
       uint4* slot = lc.area(g.me, lc.refill_slot, 0);  // the slot's areas back to back
       const int64_t units = (int64_t)g.nranks * (int64_t)(lc.l.area_bytes / kLamportUnitBytes);
       for (int64_t j = threadIdx.x; j < units; j += blockDim.x) slot[j] = sentinel;
     }
-    __syncthreads();  // every thread read the word above before it changes
     if (threadIdx.x == 0) {
-      __threadfence();  // errors recorded by other blocks (end_call fenced them before counting)
+      if (gridDim.x > 1) __threadfence();  // errors recorded by other blocks (end_call fenced them before counting)
       const uint32_t code = (uint32_t)(*(volatile unsigned long long*)g.error_word & kErrorFieldMask);
       // Any recorded error, not only kArgumentMismatch: the first error wins the word, and a
       // capacity error may hide a disagreement. Rare, so the whole re-fill costs little.

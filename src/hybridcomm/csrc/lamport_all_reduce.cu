@@ -12,16 +12,22 @@ __global__ void __launch_bounds__(kThreads)
     lamport_all_reduce_one_shot(GroupArgs g, const __grid_constant__ LamportArgs l, const uint4* __restrict__ in,
                                 uint4* __restrict__ out, int64_t units) {
   LamportCall lc = begin_lamport_call(g, l, kAllReduce);
+  // This thread's first unit is loaded before arrive(), so the load overlaps those of the call
+  // flag and the slot counters (arrive needs them) instead of following them.
+  const int64_t u0 = grid_thread();
+  const uint4 first = u0 < units ? fix_reserved<T>(in[u0]) : make_uint4(0, 0, 0, 0);
   arrive(lc.cx, make_fingerprint(kAllReduce, Lane<T>::kDType, lc.algorithm(), 0, 0, (uint64_t)units * 16));
   const int n = g.nranks, me = g.me;
-  for (int64_t u = grid_thread(); u < units; u += grid_threads()) {
-    const uint4 v = fix_reserved<T>(in[u]);
+  for (int64_t u = u0; u < units; u += grid_threads()) {
+    const uint4 v = u == u0 ? first : fix_reserved<T>(in[u]);
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + u, v); });
   }
+  HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
-  for (int64_t u = grid_thread(); u < units; u += grid_threads()) {
+  HC_TRACE_EVENT(kTraceRefilled);
+  for (int64_t u = u0; u < units; u += grid_threads()) {
     uint4 data[kMaxRanks];
-    const uint4 mine = fix_reserved<T>(in[u]);  // the bits my peers receive from me
+    const uint4 mine = u == u0 ? first : fix_reserved<T>(in[u]);  // the bits my peers receive from me
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) data[s] = mine;  // kept for s == me
     wait_units(lc, n, 0, u, [&](int s) { return s != me; }, data);

@@ -9,20 +9,24 @@
 // Unit i of a group is unit i of its row-major rows, in every area.
 #include "lamport.cuh"
 #include "launch.cuh"
+#include "own_count.cuh"
 
 namespace hc {
 
-template <typename T>
+// kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+template <typename T, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     lamport_gather_tokens_one_shot(GroupArgs g, const __grid_constant__ LamportArgs l, int tp,
                                    const uint4* __restrict__ in, uint4* __restrict__ out, RowsArg io) {
   LamportCall lc = begin_lamport_call(g, l, kGatherTokens);
   const int n = g.nranks, me = g.me, dp = n / tp, d = me / tp, t = me % tp;
   const int64_t row_units = io.row_lanes / 2;
-  const RowCounts rc = lamport_counts(lc, io.sizes, dp, row_units);
+  RowCounts rc = lamport_counts(lc, counted<kOwn>(io, d).sizes, dp, row_units);
+  if constexpr (kOwn) rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, rc.count[d] > io.in_rows || rc.offset[dp] > io.out_rows);
   arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash,
                                  (uint64_t)row_units * 16));
+  if constexpr (kOwn) publish_own_count(lc.cx, io, rc, d);
   const int64_t in_units = io.in_rows * row_units, out_units = io.out_rows * row_units;
   const int64_t my_units = rc.count[d] * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
@@ -30,6 +34,7 @@ __global__ void __launch_bounds__(kThreads)
     lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
   }
   refill_previous_slot(lc);
+  if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
   const int64_t total = rc.offset[dp] * row_units;
   for (int64_t o = grid_thread(); o < total; o += grid_threads()) {
     int od = 0;  // the DP group of output unit o
@@ -80,16 +85,18 @@ using namespace hc;
 // one-shot (partial rows only for the gather), plus pdl (pdl.cuh).
 extern "C" int hc_lamport_gather_tokens(const GroupArgs* g, const LamportArgs* l, int dtype, int tp, const void* in,
                                         void* out, const int32_t* sizes_device, const int32_t* sizes_host,
-                                        int64_t row_bytes, int64_t in_rows, int64_t out_rows, int pdl,
-                                        cudaStream_t stream) {
+                                        const int32_t* own_count, int64_t row_bytes, int64_t in_rows,
+                                        int64_t out_rows, int pdl, cudaStream_t stream) {
   // tp >= 2: with one rank per DP group the transition is all_gather_v, which moves the bits
   // unchanged (this kernel would round each row through fp32).
-  if (row_bytes % kRowAlignBytes || tp < 2 || g->nranks % tp) return (int)cudaErrorInvalidValue;
-  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
+  if (row_bytes % kRowAlignBytes || tp < 2 || g->nranks % tp || (own_count && !sizes_device))
+    return (int)cudaErrorInvalidValue;
+  const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
   const int blocks = blocks_for(out_rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
-    return launch_kernel(lamport_gather_tokens_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l, tp,
-                         (const uint4*)in, (uint4*)out, io);
+    return launch_kernel(own_count ? lamport_gather_tokens_one_shot<Elem, true>
+                                   : lamport_gather_tokens_one_shot<Elem, false>,
+                         blocks, kThreads, stream, pdl, *g, *l, tp, (const uint4*)in, (uint4*)out, io);
   });
   return (int)cudaErrorInvalidValue;
 }

@@ -21,10 +21,12 @@ inline int blocks_for(int64_t work, const GroupArgs& g) {
 }
 
 // A row kernel's geometry from a launcher's arguments. Counts: a device array (graph replays
-// with new counts), or the first n host values inline.
+// with new counts), or the first n host values inline; or, given own_count (own_count.cuh),
+// this rank's count alone, sizes_device then being where the kernel writes every member's.
 inline RowsArg rows_arg(const int32_t* sizes_device, const int32_t* sizes_host, int n, int64_t row_bytes,
-                        int64_t in_rows, int64_t out_rows) {
-  RowsArg io{{sizes_device, {}}, row_bytes / 8, in_rows, out_rows};
+                        int64_t in_rows, int64_t out_rows, const int32_t* own_count = nullptr) {
+  RowsArg io{{own_count ? nullptr : sizes_device, {}, own_count, own_count ? (int32_t*)sizes_device : nullptr},
+             row_bytes / 8, in_rows, out_rows};
   for (int i = 0; i < n && !sizes_device; ++i) io.sizes.host[i] = sizes_host[i];
   return io;
 }

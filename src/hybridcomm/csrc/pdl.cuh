@@ -33,15 +33,15 @@ __device__ __forceinline__ void allow_next_kernel() {
 #endif
 }
 
-// Launches kernel<<<blocks, threads, 0, stream>>>(args...), with PDL when `pdl` is nonzero.
-// Returns the launch's cudaError_t as an int (0 = success).
+// Launches kernel<<<blocks, threads, smem_bytes, stream>>>(args...), with PDL when `pdl` is
+// nonzero. Returns the launch's cudaError_t as an int (0 = success).
 template <typename... Params, typename... Args>
-inline int launch_kernel(void (*kernel)(Params...), int blocks, int threads, cudaStream_t stream, int pdl,
-                         Args... args) {
+inline int launch_kernel_smem(void (*kernel)(Params...), int blocks, int threads, size_t smem_bytes,
+                              cudaStream_t stream, int pdl, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -49,6 +49,13 @@ inline int launch_kernel(void (*kernel)(Params...), int blocks, int threads, cud
   config.attrs = attribute;
   config.numAttrs = 1;
   return (int)cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+// The same without dynamic shared memory (every kernel but the quantized gather).
+template <typename... Params, typename... Args>
+inline int launch_kernel(void (*kernel)(Params...), int blocks, int threads, cudaStream_t stream, int pdl,
+                         Args... args) {
+  return launch_kernel_smem(kernel, blocks, threads, 0, stream, pdl, args...);
 }
 
 }  // namespace hc

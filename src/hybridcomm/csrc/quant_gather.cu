@@ -265,23 +265,25 @@ using namespace hc;
 // residual / weight / residual_out: the fused add + RMSNorm (null: not fused). global_scale:
 // device fp32 (nvfp4; null otherwise). out_data: out_rows x data bytes; out_scales: out_rows x
 // scale bytes (hybridcomm.quant.formats). hidden: a multiple of 16, at most kMaxQuantHidden;
-// in_rows / out_rows: rows the buffers hold (capacity).
+// in_rows / out_rows: rows the buffers hold (capacity). pdl: launch overlapping the previous
+// kernel (pdl.cuh; the kernel touches no memory before begin_call's wait).
 extern "C" int hc_quant_gather(const GroupArgs* g, int format, int dtype, int tp, int partial, int op,
                                const void* in, const void* residual, const void* weight, void* residual_out,
                                float eps, const float* global_scale, void* out_data, void* out_scales,
                                const int32_t* sizes_device, const int32_t* sizes_host, int64_t hidden,
-                               int64_t in_rows, int64_t out_rows, cudaStream_t stream) {
+                               int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
   if (hidden % 16 || hidden <= 0 || hidden > kMaxQuantHidden || tp < 1 || g->nranks % tp ||
       (format == kQuantNvfp4 && !global_scale))
     return (int)cudaErrorInvalidValue;
   const size_t smem = (size_t)hidden * sizeof(float) + (size_t)hidden / 4 + 16;  // row + scale bytes
+  int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
     const int blocks = blocks_for(out_rows * w.wire_lanes, *g);
-    quant_gather<Elem, Fmt><<<blocks, kThreads, smem, stream>>>(
-        *g, op, tp, partial, (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
-        eps, global_scale, w, io);
+    status = launch_kernel_smem(quant_gather<Elem, Fmt>, blocks, kThreads, smem, stream, pdl, *g, op, tp, partial,
+                                (const uint2*)in, (const uint2*)residual, (const uint2*)weight,
+                                (uint2*)residual_out, eps, global_scale, w, io);
   }));
-  return launch_status();
+  return status;
 }

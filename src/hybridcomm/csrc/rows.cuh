@@ -23,20 +23,29 @@ struct RowCounts {
   uint32_t hash;  // of the counts as read (for the call fingerprint)
 };
 
-__device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
-  RowCounts r;
+// Offsets and largest count of r.count[0 .. n-1].
+__device__ __forceinline__ void count_offsets(RowCounts& r, int n) {
   r.offset[0] = 0;
   r.max = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxRanks; ++i) {
+    const int64_t c = i < n ? r.count[i] : 0;
+    r.offset[i + 1] = r.offset[i] + c;
+    r.max = c > r.max ? c : r.max;
+  }
+}
+
+__device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
+  RowCounts r;
   uint32_t hash = 2166136261u;  // FNV-1a over the counts
 #pragma unroll
   for (int i = 0; i < kMaxRanks; ++i) {
     int64_t c = 0;
     if (i < n) c = s.device ? (int64_t)max(s.device[i], 0) : (int64_t)s.host[i];
     r.count[i] = c;
-    r.offset[i + 1] = r.offset[i] + c;
-    r.max = c > r.max ? c : r.max;
     if (i < n) hash = (hash ^ (uint32_t)c) * 16777619u;
   }
+  count_offsets(r, n);
   r.hash = hash ^ (hash >> 16);
   return r;
 }

@@ -59,12 +59,16 @@ def compare(reference, prompts: torch.Tensor, fed, logits) -> dict:
     """max relative error (max |ours - ref| / max |ref| per sequence, max over sequences) and
     top-1 agreement over all positions, against `reference` (a transformers causal LM)."""
     device = next(reference.parameters()).device
-    worst, agree, total = 0.0, 0, 0
+    worst, agree, total, nonfinite = 0.0, 0, 0, 0
     for prompt, tokens, ours in zip(prompts, fed, logits):
         seq = torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])[None].to(device)
         ref = reference(seq).logits[0].float().cpu()
         ours = ours.float()
-        worst = max(worst, ((ours - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item())
+        # NaN / inf (a row nobody wrote) must fail the check, not vanish in max()
+        error = torch.nan_to_num((ours - ref).abs(), nan=float("inf")).max()
+        worst = max(worst, (error / ref.abs().max().clamp_min(1e-30)).item())
+        nonfinite += (~torch.isfinite(ours).all(-1)).sum().item()
         agree += (ours.argmax(-1) == ref.argmax(-1)).sum().item()
         total += ref.shape[0]
-    return {"max_rel_error": worst, "top1_agreement": agree / total if total else 1.0, "positions": total}
+    return {"max_rel_error": worst, "top1_agreement": agree / total if total else 1.0, "positions": total,
+            "nonfinite_positions": nonfinite}

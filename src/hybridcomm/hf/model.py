@@ -61,14 +61,22 @@ class ParallelCausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache, sizes) -> torch.Tensor:
         n, q = input_ids.shape
         x = self.model.model.embed_tokens(input_ids).reshape(n * q, self.config.hidden_size)
-        valid = None
+        valid = mine = None
         if isinstance(sizes, torch.Tensor):  # device counts: rows past the real ones skip the experts
             valid = torch.arange(self.comm.layout.attn_dp * n * q, device=x.device) < sizes.sum()
+            # This group's rows past its count come back from the transitions unspecified (any
+            # bits, NaN included: README, device-side sizes). They are filler rows whose K/V go
+            # to the cache's scratch position, which a later step's masked attention still
+            # multiplies by 0: so they are zeroed after every layer, or NaN would leak.
+            dp = self.comm.layout.coords(self.comm.rank).attn_dp_rank
+            mine = (torch.arange(n * q, device=x.device) < sizes[dp])[:, None]
         elif not isinstance(sizes, Counts):
             sizes = list(sizes)
         rotary = self._rotary(x, positions, cache)
         for i, layer in enumerate(self.layers):
             x = self._layer(i, layer, x, (n, q), rotary, cache, sizes, valid)
+            if mine is not None:
+                x = torch.where(mine, x, 0.0)
         x = self.model.model.norm(x)
         return self.model.lm_head(x).reshape(n, q, self.config.vocab_size)
 

@@ -11,15 +11,15 @@ used by the layer benchmark and the end-to-end tests.
 
 from .config import ModelConfig, Shard, dtype_from_name, dtype_name
 from .decoder import (CommTransitions, DistributedDecoder, StepState, attention, cached_attention,
-                      combine_experts, decode_step, decoder_layer, expert_mlp, input_norm, moe,
-                      moe_block, route, route_logits, write_kv)
+                      combine_experts, decode_step, decoder_layer, dense_experts, expert_activations,
+                      expert_mlp, input_norm, moe, moe_block, route, route_logits, write_kv)
 from .reference import LocalTransitions, reference_forward
 from .weights import (Batch, DpBatch, LayerWeights, ModelWeights, cut_batch, make_batch,
                       make_dp_batch, rank_part, group_route_offsets, route_offsets)
 
 __all__ = ["ModelConfig", "Shard", "dtype_from_name", "dtype_name", "CommTransitions",
            "DistributedDecoder", "StepState", "attention", "cached_attention", "combine_experts",
-           "decode_step", "decoder_layer", "expert_mlp", "input_norm", "moe", "moe_block", "route",
-           "route_logits", "write_kv", "LocalTransitions", "reference_forward", "Batch",
+           "decode_step", "decoder_layer", "dense_experts", "expert_activations", "expert_mlp", "input_norm",
+           "moe", "moe_block", "route", "route_logits", "write_kv", "LocalTransitions", "reference_forward", "Batch",
            "DpBatch", "LayerWeights", "ModelWeights", "cut_batch", "make_batch",
            "make_dp_batch", "rank_part", "group_route_offsets", "route_offsets"]

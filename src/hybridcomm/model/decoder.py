@@ -133,11 +133,17 @@ def combine_experts(gate_up: torch.Tensor, gates: torch.Tensor, w: LayerWeights)
     activation (in fp32, rounded once to the model dtype), and one matmul over the
     (expert, intermediate) pairs does every down projection and the sum over experts
     (fp32 accumulation). Partial over the shares of experts and intermediate slices."""
+    e, i = w.down.shape[:2]
+    return expert_activations(gate_up, gates, w) @ w.down.view(e * i, -1)
+
+
+def expert_activations(gate_up: torch.Tensor, gates: torch.Tensor, w: LayerWeights) -> torch.Tensor:
+    """The down projections' input (tokens, E * I): silu(gate) * up of this share's experts,
+    times each token's gate of the expert (in fp32, rounded once to the model dtype)."""
     t, e, _, i = gate_up.shape
     act = F.silu(gate_up[:, :, 0]) * gate_up[:, :, 1]  # (tokens, E, I)
     local = gates[:, w.first_expert : w.first_expert + e, None]
-    act = (act * local).to(gate_up.dtype)
-    return act.view(t, e * i) @ w.down.view(e * i, -1)
+    return (act * local).to(gate_up.dtype).view(t, e * i)
 
 
 def moe(x: torch.Tensor, gates: torch.Tensor, w: LayerWeights) -> torch.Tensor:
@@ -159,16 +165,23 @@ def moe_block(x: torch.Tensor, w: LayerWeights, top_k: int, offsets: torch.Tenso
     return combine_experts(gate_up, gates, w)
 
 
+def dense_experts(x: torch.Tensor, w: LayerWeights, layer: int, top_k: int, offsets: torch.Tensor | None,
+                  gates_out: torch.Tensor | None = None) -> torch.Tensor:
+    """The decoder's default `experts`: `moe_block` on 16-bit gathered rows."""
+    return moe_block(x, w, top_k, offsets, gates_out)
+
+
 # -- the layer ----------------------------------------------------------------------------
 class CommTransitions:
-    """Where a rank's partial sums meet: the Communicator's token transitions."""
+    """Where a rank's partial sums meet: the Communicator's token transitions. quant_args:
+    gather_tokens' quant= / global_scale= (then the gather returns QuantizedRows)."""
 
-    def __init__(self, comm: Communicator, dp_sizes):
-        self.comm, self.dp_sizes = comm, dp_sizes
+    def __init__(self, comm: Communicator, dp_sizes, quant_args: dict | None = None):
+        self.comm, self.dp_sizes, self.quant_args = comm, dp_sizes, quant_args or {}
 
     def gather(self, o_partial, residual, norm_weight, eps):
         return self.comm.gather_tokens(o_partial, self.dp_sizes, partial=True, residual=residual,
-                                       norm_weight=norm_weight, eps=eps)
+                                       norm_weight=norm_weight, eps=eps, **self.quant_args)
 
     def scatter(self, y_partial):
         if self.comm.layout.attn_dp == 1:
@@ -180,7 +193,7 @@ class CommTransitions:
 def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   lengths: torch.Tensor, cfg: ModelConfig, transitions,
                   offsets: torch.Tensor, step: StepState | None = None,
-                  layer: int = 0) -> torch.Tensor:
+                  layer: int = 0, experts=dense_experts) -> torch.Tensor:
     """h: this DP group's rows -> the same rows after one layer.
 
     transitions.gather(o_partial, residual, norm_weight, eps) -> (normed rows of every DP
@@ -189,25 +202,28 @@ def decoder_layer(h: torch.Tensor, w: LayerWeights, k_cache: torch.Tensor, v_cac
     offsets: the routing offsets of every gathered row (`route_offsets`).
     step: what the step's layers share (`StepState`; built here when not given), and
     `layer` this layer's index into it.
+    experts(gathered, w, layer, top_k, offsets, gates_out) -> the partial MoE output:
+    `dense_experts` for 16-bit rows, model/quantized.py's for quantized ones.
     """
     if step is None:
         step, layer = StepState(lengths, k_cache.shape[1], k_cache.dtype, 1, offsets.shape[0], cfg.experts), 0
     o_partial = attention(input_norm(h, w.input_norm_f32, cfg.eps), w, k_cache, v_cache, lengths,
                           cfg.head_dim, step)
     normed_all, residual = transitions.gather(o_partial, h, w.post_attn_norm, cfg.eps)
-    y_partial = moe_block(normed_all, w, cfg.top_k, offsets, step.gates[layer])
+    y_partial = experts(normed_all, w, layer, cfg.top_k, offsets, step.gates[layer])
     return residual + transitions.scatter(y_partial)
 
 
-def decode_step(weights: ModelWeights, part: DpBatch, transitions, offsets: torch.Tensor) -> torch.Tensor:
+def decode_step(weights: ModelWeights, part: DpBatch, transitions, offsets: torch.Tensor,
+                experts=dense_experts) -> torch.Tensor:
     """Every layer on `part` (its caches get this step's k, v); returns the final rows.
     offsets: routing offsets of all the MoE's rows (every DP group's), the same in
-    every layer."""
+    every layer. experts: see `decoder_layer`."""
     h = part.hidden
     step = StepState.for_step(weights.cfg, part.k_cache[0], part.lengths, offsets.shape[0])
     for layer, w in enumerate(weights.layers):
         h = decoder_layer(h, w, part.k_cache[layer], part.v_cache[layer], part.lengths,
-                          weights.cfg, transitions, offsets, step, layer)
+                          weights.cfg, transitions, offsets, step, layer, experts)
     return h
 
 
@@ -216,12 +232,18 @@ class DistributedDecoder:
 
     weights: the full model (every rank builds the same from the seed); the decoder
     keeps only this rank's heads, experts and intermediate slices.
+    quant: None (16-bit gathers and experts) or a hybridcomm.quant format: the gather hands
+    the MoE quantized rows, and "fp8" runs fp8 experts on them (model/quantized.py).
     """
 
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights, comm: Communicator):
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, comm: Communicator,
+                 quant: str | None = None):
+        from .quantized import QuantizedMoe  # it builds on this module's blocks
+
         self.cfg, self.comm = cfg, comm
         self.shard = Shard.for_rank(cfg, comm.layout, comm.rank)
         self.weights = weights.shard(self.shard)
+        self.quantized = None if quant is None else QuantizedMoe(self.weights, quant)
         self._offsets: dict[tuple, torch.Tensor] = {}
 
     def route_offsets(self, dp_sizes, device) -> torch.Tensor:
@@ -243,7 +265,9 @@ class DistributedDecoder:
         if part.dp_index != dp:
             raise ValueError(f"DistributedDecoder: part is DP group {part.dp_index}'s, "
                              f"rank {self.comm.rank} is in DP group {dp}")
-        return decode_step(self.weights, part, CommTransitions(self.comm, dp_sizes),
-                           self.route_offsets(dp_sizes, part.hidden.device))
+        q = self.quantized
+        transitions = CommTransitions(self.comm, dp_sizes, None if q is None else q.gather_args())
+        return decode_step(self.weights, part, transitions, self.route_offsets(dp_sizes, part.hidden.device),
+                           dense_experts if q is None else q.experts)
 
     __call__ = forward

@@ -51,16 +51,26 @@ class QuantizedRows:
         spec = self.spec
         rows, hidden = self.data.shape[0], self.hidden
         if spec.name == "nvfp4":
-            table = torch.tensor(E2M1_VALUES, device=self.data.device)
             codes = torch.stack([self.data & 0xF, self.data >> 4], dim=-1).view(rows, hidden)
-            values = table[codes.long()]
+            values = e2m1_values(codes)
             unit = self.scales.float() / self.global_scale.float()
         else:
             values = self.data.float()
             unit = self.scales.float()
         block = spec.block_of(hidden)
-        values = values.view(rows, hidden // block, block) * unit.view(rows, -1, 1)
+        values = values.view(rows, hidden // block, block) * unit.view(rows, hidden // block, 1)  # rows may be 0
         return values.view(rows, hidden).to(dtype)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (uint8, sign in bit 3) -> fp32 values, E2M1_VALUES[code], computed from the
+    bits (exponent e = bits 1-2, mantissa m = bit 0: m / 2 if e == 0, else 2^(e-1) (1 + m / 2))
+    rather than looked up: a table would be a host-to-device copy, which a CUDA graph capture
+    (the decoder's nvfp4 step) does not allow."""
+    c = codes.to(torch.int32)
+    e, m = ((c >> 1) & 3).float(), (c & 1).float()
+    magnitude = torch.where(e == 0, m * 0.5, torch.exp2(e - 1) * (1 + m * 0.5))
+    return torch.where((c & 8) != 0, -magnitude, magnitude)
 
 
 def _as_bytes_rows(scales: torch.Tensor) -> torch.Tensor:

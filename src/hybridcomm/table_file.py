@@ -1,0 +1,127 @@
+"""Selection tables as data files: the JSON `hybridcomm tune` writes and `Communicator(table=...)`
+reads (a path, or the name of a file in src/hybridcomm/tables/ such as "4xH200").
+
+    {"format": "hybridcomm-table/1",
+     "measured_on": {"gpu": ..., "world_size": ..., "sources": [{"file": ..., "environment": {...}}]},
+     "method": {...}, "not_measured": [ops],
+     "rules": {op: [{"max_bytes": int | null, "backend": "nvlink" | "nccl", "algorithm": name}, ...]},
+     "evidence": {op: [{"bytes": ..., "chosen": ..., "us": {candidate: µs}}, ...]}}
+
+Only "format" and "rules" are read; the rest says where the rules came from. Rules are
+checked like algorithms.TABLE's (a known op, a registry algorithm on nvlink, max_bytes
+strictly increasing, the last one null). An op the file has no rules for keeps the built-in
+table's (algorithms.TABLE): a file states what was measured, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .algorithms import TABLE, Rule
+from .ops import OPS
+
+FORMAT = "hybridcomm-table/1"
+TABLES_DIR = Path(__file__).parent / "tables"
+BACKENDS = ("nvlink", "nccl")
+
+
+class TableFileError(ValueError):
+    """A table file that cannot be used; the message names the file and the faulty rule."""
+
+
+def rules_to_json(table: dict[str, tuple[Rule, ...]]) -> dict[str, list[dict]]:
+    return {op: [{"max_bytes": r.max_bytes, "backend": r.backend, "algorithm": r.algorithm} for r in rules]
+            for op, rules in table.items()}
+
+
+def packaged() -> list[str]:
+    """Names of the tables shipped in src/hybridcomm/tables/."""
+    return sorted(p.stem for p in TABLES_DIR.glob("*.json"))
+
+
+def path_of(source: str | Path) -> Path:
+    """A packaged table's name or a path -> the file (TableFileError if neither exists)."""
+    if isinstance(source, str) and source in packaged():
+        return TABLES_DIR / f"{source}.json"
+    path = Path(source)
+    if not path.is_file():
+        from .algorithms import NAMED_TABLES
+
+        raise TableFileError(f"table: {str(source)!r} is not a named table ({', '.join(NAMED_TABLES)}), a "
+                             f"packaged table ({', '.join(packaged()) or 'none'}) or a table file")
+    return path
+
+
+def load(source: str | Path) -> dict[str, tuple[Rule, ...]]:
+    """The single-node table of a file (or packaged name): its rules over algorithms.TABLE."""
+    path = path_of(source)
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise TableFileError(f"table file {path}: not JSON ({e})") from None
+    return {**TABLE, **parse(doc, str(path))}
+
+
+def parse(doc, where: str) -> dict[str, tuple[Rule, ...]]:
+    """A table document's rules, checked (TableFileError naming `where` and the rule)."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise TableFileError(f"table file {where}: expected \"format\": \"{FORMAT}\", got {found!r}")
+    rules = doc.get("rules")
+    if not isinstance(rules, dict) or not rules:
+        raise TableFileError(f"table file {where}: \"rules\" must map ops to lists of rules")
+    return {op: _op_rules(op, op_rules, where) for op, op_rules in rules.items()}
+
+
+def _op_rules(op: str, rules, where: str) -> tuple[Rule, ...]:
+    if op not in OPS:
+        raise TableFileError(f"table file {where}: unknown op {op!r}; ops are {list(OPS)}")
+    if not isinstance(rules, list) or not rules:
+        raise TableFileError(f"table file {where}: {op}: expected a non-empty list of rules")
+    parsed = tuple(_rule(op, i, r, where) for i, r in enumerate(rules))
+    for i, (before, after) in enumerate(zip(parsed, parsed[1:])):
+        if before.max_bytes is None or (after.max_bytes is not None and after.max_bytes <= before.max_bytes):
+            raise TableFileError(f"table file {where}: {op}: max_bytes must increase from rule to rule; rule {i} "
+                                 f"has {before.max_bytes}, rule {i + 1} {after.max_bytes}")
+    if parsed[-1].max_bytes is not None:
+        raise TableFileError(f"table file {where}: {op}: the last rule needs \"max_bytes\": null (every larger size)")
+    return parsed
+
+
+def _rule(op: str, i: int, r, where: str) -> Rule:
+    what = f"table file {where}: {op} rule {i}"
+    if not isinstance(r, dict) or set(r) != {"max_bytes", "backend", "algorithm"}:
+        raise TableFileError(f"{what}: expected keys max_bytes, backend, algorithm; got {r!r}")
+    limit, backend, algorithm = r["max_bytes"], r["backend"], r["algorithm"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise TableFileError(f"{what}: max_bytes must be a positive integer or null, got {limit!r}")
+    if backend not in BACKENDS:
+        raise TableFileError(f"{what}: unknown backend {backend!r}; a single-node table names {list(BACKENDS)}")
+    names = [a.name for a in OPS[op].algorithms]
+    if backend == "nvlink" and algorithm not in names:
+        raise TableFileError(f"{what}: unknown algorithm {algorithm!r}; {op} has {names}")
+    if backend == "nccl" and algorithm != "nccl":
+        raise TableFileError(f"{what}: backend nccl runs algorithm \"nccl\", got {algorithm!r}")
+    return Rule(limit, backend, algorithm)
+
+
+def write(doc: dict, path: str | Path) -> Path:
+    """Write a table document after checking that it reads back."""
+    parse(doc, str(path))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps(doc) + "\n")
+    return path
+
+
+def dumps(value, indent: str = "") -> str:
+    """JSON with one rule (or any value that fits in 110 characters) per line, for review."""
+    flat = json.dumps(value)
+    if len(indent) + len(flat) <= 110 or not isinstance(value, (dict, list)) or not value:
+        return flat
+    inner = indent + " "
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(k)}: {dumps(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    return "[\n" + ",\n".join(inner + dumps(v, inner) for v in value) + f"\n{indent}]"

@@ -1,0 +1,283 @@
+"""`hybridcomm tune`: a selection table from benchmark results, as data (table_file.py).
+
+Input: the JSON of `bench ops` and `bench transitions` (GPU runs), whose records time every
+algorithm forced (`hc_<algorithm>`) and the baselines at each size, in the same run.
+
+Candidates are what a table rule can name: our algorithms (`hc_<algorithm>` of the op's
+registry entry, backend nvlink) and NCCL (the `nccl` column: NCCL called directly on the
+op; for the transitions the two-collective sequence the NCCL backend runs). Baselines the
+Communicator cannot route to (NCCL on symmetric windows, torch symm_mem, our unfused pair)
+are not candidates. `hc_norm` / `nccl_norm` of the transitions fill gather_tokens_norm.
+
+Per op and measured size, the candidates that ran at that size are compared by their µs
+(a transitions size measured on several layouts: the geometric mean over those layouts, and
+only candidates that ran on all of them). Every candidate within TOLERANCE of the fastest is a
+contender there (closer than that is measurement noise). Of all the ways to give each size
+one of its contenders, tune takes the one with the fewest rules (changes of algorithm from
+size to size); among those, the smallest sum over sizes of (µs / fastest µs - 1); then the
+simpler: the op's algorithms in registry order (ops.OPS lists the simpler first), then NCCL.
+So a near-tie never adds a rule, and a boundary sits where the difference is real.
+Adjacent sizes with the same winner merge into one rule whose max_bytes is the largest
+measured size it won: a size between two measured sizes goes to the larger size's winner (no
+kernel is extended past a size where it was measured to win). Past the largest measured size
+NCCL runs (a last rule `max_bytes: null` on nccl is added when NCCL did not win there).
+
+Only the balanced transitions cases count (the table is keyed by message bytes alone, and an
+imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
+(`bench nodes`) are refused: this writes the single-node table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .algorithms import Rule
+from .layout import Layout
+from .ops import OPS
+from .table_file import FORMAT, rules_to_json
+
+# Identical kernels timed twice in one run differ by up to 3.5% (results/4xH200/transitions:
+# on dp4, gather_tokens' hc_two_shot runs the same all_gather_v kernel as hc_one_shot; median
+# difference 0.9%). A difference below 5% is not taken as a real one.
+TOLERANCE = 0.05
+
+NCCL = ("nccl", "nccl")
+# Benchmark columns that fill another op's rules: (measured op, column) -> (table op, backend, algorithm).
+OTHER_OP_COLUMNS = {
+    ("gather_tokens", "hc_norm"): ("gather_tokens_norm", "nvlink", "fused"),
+    ("gather_tokens", "nccl_norm"): ("gather_tokens_norm", *NCCL),
+}
+
+
+# What each benchmark's results hold: a top-level key, and the fields of every record.
+RESULTS_KINDS = {"ops": ("world_size", {"op", "bytes", "impl", "us"}),
+                 "transitions": ("hidden", {"layout", "op", "case", "tokens_per_dp", "impl", "us"})}
+
+
+class ResultsError(ValueError):
+    """A results file tune cannot use; the message names the file."""
+
+
+def candidate(op: str, impl: str) -> tuple[str, str, str] | None:
+    """(table op, backend, algorithm) a benchmark column stands for, or None (a baseline)."""
+    if (op, impl) in OTHER_OP_COLUMNS:
+        return OTHER_OP_COLUMNS[(op, impl)]
+    if op not in OPS:
+        return None
+    if impl == "nccl":
+        return (op, *NCCL)
+    names = [a.name for a in OPS[op].algorithms]
+    if impl.startswith("hc_") and impl[3:] in names:
+        return op, "nvlink", impl[3:]
+    return None
+
+
+def preference(op: str) -> list[tuple[str, str]]:
+    """Candidates of `op`, the preferred (simpler) first: registry order, then NCCL."""
+    return [("nvlink", a.name) for a in OPS[op].algorithms] + [NCCL]
+
+
+def _elem_bytes(dtype: str) -> int:
+    return getattr(torch, dtype.removeprefix("torch.")).itemsize
+
+
+def _world(results: dict, where: str) -> int:
+    if "world_size" in results:
+        return int(results["world_size"])
+    worlds = {Layout.parse(r["layout"]).world_size for r in results["records"]}
+    if len(worlds) != 1:
+        raise ResultsError(f"{where}: records of several world sizes {sorted(worlds)}")
+    return worlds.pop()
+
+
+def kind(results, where: str) -> str:
+    """"ops" or "transitions": which benchmark wrote these results (ResultsError otherwise)."""
+    if isinstance(results, dict) and "ranks_per_node" in results:
+        raise ResultsError(f"{where}: measured across simulated nodes (`bench nodes`); tune writes the "
+                           f"single-node table from `bench ops` / `bench transitions` results")
+    for name, (top, fields) in RESULTS_KINDS.items():
+        if (isinstance(results, dict) and {top, "environment"} <= set(results)
+                and isinstance(results.get("records"), list)
+                and all(isinstance(r, dict) and fields <= set(r) for r in results["records"])):
+            return name
+    raise ResultsError(f"{where}: not the results of `hybridcomm bench ops` or `bench transitions` (other "
+                       f"benchmarks do not time the algorithms a table rule names)")
+
+
+def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
+    """table op -> message bytes -> group (`where`, and the layout for transitions) -> candidate -> µs."""
+    transitions = kind(results, where) == "transitions"
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for r in results["records"]:
+        found = candidate(r["op"], r["impl"])
+        if found is None or not math.isfinite(r["us"]):
+            continue
+        op, backend, algorithm = found
+        if transitions:  # message = all tokens x hidden
+            if r["case"] != "balanced":
+                continue
+            nbytes = sum(r["tokens_per_dp"]) * results["hidden"] * _elem_bytes(results["dtype"])
+            group = f"{where}:{r['layout']}"
+        else:
+            nbytes, group = r["bytes"], where
+        out[op][nbytes].setdefault(group, {})[(backend, algorithm)] = r["us"]
+    return out
+
+
+def compare(groups: dict[str, dict[tuple[str, str], float]]) -> dict[tuple[str, str], float]:
+    """Candidate -> µs at one size: the geometric mean over the groups, of the candidates that
+    ran in every group."""
+    common = set.intersection(*(set(g) for g in groups.values()))
+    return {c: math.exp(sum(math.log(g[c]) for g in groups.values()) / len(groups)) for c in common}
+
+
+def winners(sizes: list[dict[tuple[str, str], float]], order: list[tuple[str, str]],
+            tolerance: float) -> list[tuple[str, str]]:
+    """One candidate per size (candidate -> µs, in increasing size): a contender at each size,
+    the fewest changes, then the least slowdown, then the simpler (module docstring).
+    Dynamic programming over (size, candidate) with the cost as a tuple compared in order."""
+    best: list[dict] = []  # per size: candidate -> ((rules, slowdown, rank), candidate at the size before)
+    for us in sizes:
+        fastest = min(us.values())
+        here = {}
+        for c, t in us.items():
+            if t > fastest * (1 + tolerance):
+                continue  # not a contender
+            slowdown, rank = round((t / fastest - 1) * 1e6), order.index(c)  # in ppm: integer sums tie exactly
+            if not best:
+                here[c] = ((1, slowdown, rank), None)
+                continue
+            here[c] = min(((rules + (prev != c), slow + slowdown, ranks + rank), prev)
+                          for prev, ((rules, slow, ranks), _) in best[-1].items())
+        best.append(here)
+    chosen = [min(best[-1], key=lambda c: best[-1][c][0])]
+    for i in range(len(sizes) - 1, 0, -1):
+        chosen.append(best[i][chosen[-1]][1])
+    return chosen[::-1]
+
+
+def rules_from_winners(winners: list[tuple[int, tuple[str, str]]]) -> tuple[Rule, ...]:
+    """(size, winner) in increasing size -> rules: one per run of the same winner, up to the
+    largest size it won; NCCL past the largest measured size."""
+    rules: list[Rule] = []
+    for i, (nbytes, (backend, algorithm)) in enumerate(winners):
+        last_of_run = i + 1 == len(winners) or winners[i + 1][1] != (backend, algorithm)
+        if last_of_run:
+            rules.append(Rule(nbytes, backend, algorithm))
+    if (rules[-1].backend, rules[-1].algorithm) == NCCL:
+        rules[-1] = Rule(None, *NCCL)
+    else:
+        rules.append(Rule(None, *NCCL))
+    return tuple(rules)
+
+
+def tune_op(op: str, by_size: dict[int, dict], tolerance: float = TOLERANCE):
+    """An op's rules and the evidence (per measured size, each candidate's µs and the winner);
+    None where no size has a candidate that ran on every layout measured there."""
+    measured = [(nbytes, us) for nbytes in sorted(by_size) if (us := compare(by_size[nbytes]))]
+    if not measured:
+        return None
+    chosen = winners([us for _, us in measured], preference(op), tolerance)
+    evidence = [{"bytes": nbytes, "chosen": "/".join(c), "measured_in": sorted(by_size[nbytes]),
+                 "us": {"/".join(k): round(t, 3) for k, t in sorted(us.items(), key=lambda kv: kv[1])}}
+                for (nbytes, us), c in zip(measured, chosen)]
+    return rules_from_winners([(nbytes, c) for (nbytes, _), c in zip(measured, chosen)]), evidence
+
+
+def measured_on(sources: list[tuple[str, dict]]) -> dict:
+    """GPU, world size, each source's date and environment; every source must agree on the
+    first two (a table is for one machine shape)."""
+    shapes = {(r["environment"].get("gpu", "no GPU"), _world(r, where)) for where, r in sources}
+    if len(shapes) != 1:
+        listed = ", ".join(f"{where}: {r['environment'].get('gpu', 'no GPU')} x{_world(r, where)}"
+                           for where, r in sources)
+        raise ResultsError(f"results of different machines ({listed}); tune one GPU model and world size at a time")
+    gpu, world = shapes.pop()
+    return {"gpu": gpu, "world_size": world,
+            "sources": [{"file": where, "environment": r["environment"]} for where, r in sources]}
+
+
+def tune(sources: list[tuple[str, dict]], tolerance: float = TOLERANCE) -> dict:
+    """(name, results) pairs -> the table document table_file.py reads."""
+    merged: dict = defaultdict(lambda: defaultdict(dict))
+    for where, results in sources:
+        for op, by_size in samples(results, where).items():
+            for nbytes, groups in by_size.items():
+                merged[op][nbytes].update(groups)
+    if not merged:
+        raise ResultsError(f"{', '.join(w for w, _ in sources)}: no column the table can name (hc_<algorithm> or "
+                           f"nccl; a CPU run has the reference backend only)")
+    shape = measured_on(sources)
+    rules, evidence = {}, {}
+    for op in OPS:  # registry order
+        tuned = tune_op(op, merged[op], tolerance) if op in merged else None
+        if tuned is not None:
+            rules[op], evidence[op] = tuned
+    return {"format": FORMAT, "measured_on": shape,
+            "method": {"tolerance": tolerance, "tool": "hybridcomm tune (src/hybridcomm/tune.py: how the "
+                                                        "winner and the boundaries are chosen)"},
+            "not_measured": [op for op in OPS if op not in rules],
+            "rules": rules_to_json(rules), "evidence": evidence}
+
+
+def tune_files(paths: list[str], tolerance: float = TOLERANCE) -> dict:
+    import json
+
+    sources = []
+    for p in paths:
+        try:
+            sources.append((str(p), json.loads(Path(p).read_text())))
+        except OSError as e:
+            raise ResultsError(f"--from {p}: cannot read it ({e.strerror})") from None
+        except json.JSONDecodeError as e:
+            raise ResultsError(f"--from {p}: not JSON ({e})") from None
+    return tune(sources, tolerance)
+
+
+def measure(world: int, layouts: list[Layout], sizes: list[int] | None, out: str | None) -> list[tuple[str, dict]]:
+    """Run `bench ops` and `bench transitions` on `world` GPUs; with `out`, save their results
+    beside it (<stem>_ops.json, <stem>_transitions.json, with .md and .png) so the table's
+    sources exist as files."""
+    from .bench import report
+    from .bench.ops import bench_ops
+    from .bench.transitions import bench_transitions
+
+    runs = [("ops", bench_ops(world, "cuda", sizes)),
+            ("transitions", bench_transitions([lay.name for lay in layouts], world))]
+    sources = []
+    for kind, results in runs:
+        name = f"bench {kind} (not saved)"
+        if out:
+            path = Path(out)
+            name = str(path.with_name(f"{path.stem}_{kind}.json"))
+            report.write(results, name, kind)
+        sources.append((name, results))
+    return sources
+
+
+def describe(doc: dict) -> str:
+    """The table in words, each op beside the built-in table's rules where they differ."""
+    from .algorithms import TABLE
+    from .bench.report import human_bytes
+    from .table_file import parse
+
+    def rules_text(rules) -> str:
+        return "; ".join(f"{'<= ' + human_bytes(r.max_bytes) if r.max_bytes else 'larger'}: "
+                         f"{r.backend}/{r.algorithm}" for r in rules)
+
+    shape = doc["measured_on"]
+    dates = ", ".join(f"{s['file']} ({s['environment'].get('date', 'undated')})" for s in shape["sources"])
+    lines = [f"table for {shape['gpu']} x{shape['world_size']}, tolerance {doc['method']['tolerance']:.0%}, "
+             f"from {dates}"]
+    for op, rules in parse(doc, "tune").items():
+        same = rules == TABLE[op]
+        lines.append(f"  {op:<19} {rules_text(rules)}" + ("  (= built-in)" if same else ""))
+        if not same:
+            lines.append(f"  {'':<19} built-in: {rules_text(TABLE[op])}")
+    if doc["not_measured"]:
+        lines.append(f"  not measured (the built-in rules apply): {', '.join(doc['not_measured'])}")
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""The eager benchmark's plumbing (bench/eager.py, scripts/eager_profile.py) runs end to end
+without GPUs: the GPU route of bench/host.py (fake process group, meta tensors, no-op C
+launchers) with CUDA synchronisation a no-op. It checks what is measured (every op, ours and
+theirs, wall and issue, our calls on our kernels, theirs by layout), not how fast anything is.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hybridcomm as hc
+from hybridcomm.bench import eager, timing
+from hybridcomm.bench.host import fake_world, gpu_route_communicator, stand_ins, stub_library
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for the stub launchers")
+OPS = ["all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "gather_tokens+norm", "scatter_tokens"]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if dist.is_initialized():
+        pytest.skip("torch.distributed already initialised in this process")
+    library = stub_library()
+    with fake_world(2), stand_ins(library):
+        yield library
+
+
+@pytest.fixture
+def no_cuda_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("attn_tp", [1, 2])
+def test_eager_table_measures_every_op_both_ways(lib, no_cuda_sync, attn_tp):
+    comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), lib)
+    table = eager.eager_table(comm, rounds=3, calls=5, issue_calls=3)
+    assert list(table) == OPS
+    for op, t in table.items():
+        assert sorted(t) == ["ours_issue", "ours_wall", "theirs_issue", "theirs_wall"], op
+        assert all(v > 0 for v in t.values()), (op, t)
+    costs = eager.eager_costs(comm)
+    assert {f"issue_hybridcomm_{op}" for op in OPS} <= set(costs)
+    assert "| gather_tokens+norm |" in eager.format_table(table, "t")
+
+
+def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(lib, monkeypatch):
+    seen = []
+    for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: seen.append((_name, k.get("group"))))
+    for attn_tp, gather, scatter in ((1, ["all_gather_into_tensor"], ["reduce_scatter_tensor"]),
+                                     (2, ["all_reduce"], ["all_reduce"])):
+        comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), lib)
+        for op, (ours, theirs) in eager.eager_calls(comm).items():
+            ours()
+            assert comm.last_choice.backend == "nvlink", (attn_tp, op, comm.last_choice)
+            seen.clear()
+            theirs()
+            if op.startswith("gather_tokens"):
+                assert [n for n, _ in seen] == gather, (attn_tp, op, seen)
+            elif op == "scatter_tokens":
+                assert [n for n, _ in seen] == scatter, (attn_tp, op, seen)
+
+
+def test_eager_profile_script_prints_the_table(lib, no_cuda_sync, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import eager_profile
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(timing, "max_over_ranks", lambda values: values)
+    monkeypatch.setattr(timing, "environment", lambda: {})
+    monkeypatch.setattr(hc, "Communicator", lambda layout: gpu_route_communicator(layout, lib))
+    result = eager_profile._profile(2, 2, 2, 5, 3, True)
+    assert result["layout"] == "tp2" and list(result["table"]) == OPS
+    assert "Eager cost, tp2" in result["report"] and "cProfile" in result["report"]

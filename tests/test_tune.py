@@ -1,0 +1,282 @@
+"""`hybridcomm tune` and table files: rules from synthetic timings with known winners, the
+noise tolerance, transitions over several layouts, the file round trip into a Communicator,
+clear errors for bad files, and the packaged tables matching the committed results."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from hybridcomm import algorithms, table_file, tune
+from hybridcomm.algorithms import KiB, MiB, Rule
+from hybridcomm.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = [1 << k for k in range(11, 25)]  # 2 KiB .. 16 MiB
+LAMPORT = "one_shot_lamport"
+# Columns no table rule can name: faster than every candidate, and never chosen.
+NOT_CANDIDATES = ("hybridcomm", "nccl_symm", "symm_one_shot", "hc_unfused")
+
+
+def _ops_results(winners: dict[str, list[str]], rng: random.Random, world: int = 4) -> dict:
+    """bench ops JSON: at each size the named column is fastest, every other candidate 20-200%
+    slower, the non-candidates twice as fast as the winner."""
+    records = []
+    for op, per_size in winners.items():
+        columns = [f"hc_{a.name}" for a in tune.OPS[op].algorithms] + ["nccl"]
+        for nbytes, win in zip(SIZES, per_size):
+            base = rng.uniform(4, 400)
+            for impl in columns:
+                us = base if impl == win else base * (1.2 + rng.uniform(0, 2))
+                records.append({"op": op, "bytes": nbytes, "impl": impl, "us": us})
+            records += [{"op": op, "bytes": nbytes, "impl": impl, "us": base / 2} for impl in NOT_CANDIDATES]
+    rng.shuffle(records)
+    return {"environment": {"gpu": "Test GPU", "date": "2026-01-01"}, "world_size": world, "records": records}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tune_finds_the_known_winners_and_merges_them_into_rules(seed):
+    rng = random.Random(seed)
+    winners = {"all_reduce": ["hc_one_shot"] * 5 + [f"hc_{LAMPORT}"] * 4 + ["hc_two_shot_bulk"] * 3 + ["nccl"] * 2,
+               "all_gather_v": [f"hc_{LAMPORT}"] * 14,
+               "reduce_scatter_v": ["nccl"] + ["hc_one_shot"] * 13}
+    doc = tune.tune([("synthetic.json", _ops_results(winners, rng))])
+    rules = table_file.parse(doc, "synthetic")
+    assert rules["all_reduce"] == (Rule(32 * KiB, "nvlink", "one_shot"), Rule(512 * KiB, "nvlink", LAMPORT),
+                                   Rule(4 * MiB, "nvlink", "two_shot_bulk"), Rule(None, "nccl", "nccl"))
+    # Past the largest measured size NCCL runs, whoever won there.
+    assert rules["all_gather_v"] == (Rule(16 * MiB, "nvlink", LAMPORT), Rule(None, "nccl", "nccl"))
+    assert rules["reduce_scatter_v"] == (Rule(2 * KiB, "nccl", "nccl"), Rule(16 * MiB, "nvlink", "one_shot"),
+                                         Rule(None, "nccl", "nccl"))
+    assert set(doc["not_measured"]) == set(tune.OPS) - set(winners)
+    assert doc["measured_on"]["gpu"] == "Test GPU" and doc["measured_on"]["world_size"] == 4
+    chosen = [e["chosen"] for e in doc["evidence"]["all_reduce"]]
+    assert chosen == [f"nvlink/{w[3:]}" if w != "nccl" else "nccl/nccl" for w in winners["all_reduce"]]
+
+
+def _near_ties(gap: float) -> dict:
+    """one_shot fastest at every size but one, where Lamport is `gap` faster."""
+    records = []
+    for i, nbytes in enumerate(SIZES[:6]):
+        one, lamport = (10.0, 10.0 * (1 - gap)) if i == 3 else (10.0, 20.0)
+        records += [{"op": "all_reduce", "bytes": nbytes, "impl": "hc_one_shot", "us": one},
+                    {"op": "all_reduce", "bytes": nbytes, "impl": f"hc_{LAMPORT}", "us": lamport}]
+    return {"environment": {"gpu": "Test GPU"}, "world_size": 2, "records": records}
+
+
+def test_a_difference_within_the_tolerance_adds_no_rule():
+    rules = table_file.parse(tune.tune([("x", _near_ties(0.03))], tolerance=0.05), "x")["all_reduce"]
+    assert rules == (Rule(SIZES[5], "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+    rules = table_file.parse(tune.tune([("x", _near_ties(0.03))], tolerance=0.01), "x")["all_reduce"]
+    assert rules == (Rule(SIZES[2], "nvlink", "one_shot"), Rule(SIZES[3], "nvlink", LAMPORT),
+                     Rule(SIZES[5], "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+
+
+def test_an_exact_tie_goes_to_the_simpler_algorithm():
+    # one_shot and Lamport 2% apart, each ahead at every other size: one rule, the registry's first.
+    records = []
+    for i, nbytes in enumerate(SIZES[:4]):
+        fast, slow = ("hc_one_shot", f"hc_{LAMPORT}")[:: 1 if i % 2 else -1]
+        records += [{"op": "all_gather_v", "bytes": nbytes, "impl": fast, "us": 10.0},
+                    {"op": "all_gather_v", "bytes": nbytes, "impl": slow, "us": 10.2}]
+    doc = tune.tune([("x", {"environment": {}, "world_size": 2, "records": records})])
+    assert table_file.parse(doc, "x")["all_gather_v"][0] == Rule(SIZES[3], "nvlink", "one_shot")
+
+
+def _transitions_results(rng: random.Random) -> dict:
+    """bench transitions JSON on dp2xtp2 and dp4 (hidden 4096, bf16: 8 KiB per token).
+    gather_tokens: one_shot to 64 KiB, Lamport above; scatter_tokens: one_shot, NCCL at the
+    largest size; gather with norm: fused, NCCL at the largest. Imbalanced cases say otherwise
+    (and are not used); two_shot is fastest of all on dp4 at 256 KiB but cannot run on dp2xtp2
+    there (so it is no candidate at that size)."""
+    records = []
+
+    def add(layout, op, case, tokens, times):
+        records.extend({"layout": layout, "op": op, "case": case, "tokens_per_dp": tokens, "impl": k, "us": t}
+                       for k, t in times.items())
+
+    for layout, dp in (("dp2xtp2", 2), ("dp4", 4)):
+        for t in (1, 2, 4, 8, 16, 32)[: 8 - dp]:  # both to 512 KiB
+            nbytes, base = dp * t * 8 * KiB, rng.uniform(5, 50)
+            slow = lambda: base * rng.uniform(1.3, 3)  # noqa: E731
+            biggest = nbytes == 512 * KiB
+            gather = {"hc_one_shot": base if nbytes <= 64 * KiB else slow(), f"hc_{LAMPORT}":
+                      slow() if nbytes <= 64 * KiB else base, "hc_two_shot": slow(), "nccl": slow(),
+                      "hc_unfused": base / 2, "nccl_symm": base / 2,
+                      "hc_norm": slow() if biggest else base, "nccl_norm": base if biggest else slow()}
+            if nbytes == 256 * KiB:
+                if layout == "dp4":
+                    gather["hc_two_shot"] = base / 3
+                else:
+                    del gather["hc_two_shot"]
+            add(layout, "gather_tokens", "balanced", [t] * dp, gather)
+            add(layout, "scatter_tokens", "balanced", [t] * dp,
+                {"hc_one_shot": slow() if biggest else base, "hc_two_shot": slow(), "nccl": base if biggest else slow()})
+        add(layout, "gather_tokens", "imbalanced", [64] + [1] * (dp - 1), {"nccl": 1.0, "hc_one_shot": 100.0})
+    return {"environment": {"gpu": "Test GPU"}, "hidden": 4096, "dtype": "torch.bfloat16", "records": records}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transitions_over_several_layouts(seed):
+    doc = tune.tune([("tr.json", _transitions_results(random.Random(seed)))])
+    rules = table_file.parse(doc, "tr")
+    assert rules["gather_tokens"] == (Rule(64 * KiB, "nvlink", "one_shot"), Rule(512 * KiB, "nvlink", LAMPORT),
+                                      Rule(None, "nccl", "nccl"))
+    assert rules["scatter_tokens"] == (Rule(256 * KiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+    assert rules["gather_tokens_norm"] == (Rule(256 * KiB, "nvlink", "fused"), Rule(None, "nccl", "nccl"))
+    sizes = [e["bytes"] for e in doc["evidence"]["gather_tokens"]]
+    assert sizes == [16 * KiB * 2 ** i for i in range(6)]  # 16 KiB (dp2xtp2, 1 token) .. 512 KiB
+    at_32k = doc["evidence"]["gather_tokens"][1]
+    assert at_32k["measured_in"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
+    assert doc["measured_on"]["world_size"] == 4
+
+
+def test_results_of_different_machines_or_across_nodes_are_refused():
+    ops = _ops_results({"all_reduce": ["hc_one_shot"] * 14}, random.Random(0), world=2)
+    with pytest.raises(tune.ResultsError, match="different machines.*x2.*x4"):
+        tune.tune([("ops.json", ops), ("tr.json", _transitions_results(random.Random(0)))])
+    with pytest.raises(tune.ResultsError, match="nodes.json: measured across simulated nodes"):
+        tune.tune([("nodes.json", {**ops, "ranks_per_node": 1})])
+    cpu = {"environment": {}, "world_size": 2, "records": [{"op": "all_reduce", "bytes": 2048, "impl": "reference",
+                                                             "us": 50.0}]}
+    with pytest.raises(tune.ResultsError, match="cpu.json: no column the table can name"):
+        tune.tune([("cpu.json", cpu)])
+    for other in ("quant_4xH200.json", "layer_4xH200.json"):  # other benchmarks' results
+        with pytest.raises(tune.ResultsError, match=f"{other}: not the results of `hybridcomm bench ops`"):
+            tune.tune_files([REPO / "results/4xH200" / other])
+
+
+# -- table files ----------------------------------------------------------------------------
+def _doc() -> dict:
+    return tune.tune([("s.json", _ops_results({"all_reduce": ["hc_one_shot"] * 7 + ["nccl"] * 7},
+                                              random.Random(1)))])
+
+
+def _communicator_tables(table):
+    import torch.distributed as dist
+
+    from hybridcomm import Communicator, Layout
+
+    try:
+        comm = Communicator(Layout(dist.get_world_size()), table=table)
+    except ValueError as e:
+        return str(e)
+    return comm.tables
+
+
+def test_a_written_table_reaches_the_communicator(tmp_path, pool):
+    path = table_file.write(_doc(), tmp_path / "t.json")
+    expected = {**algorithms.TABLE, "all_reduce": (Rule(128 * KiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))}
+    assert table_file.load(path) == expected
+    for tables in pool(2).run(_communicator_tables, str(path), timeout=60):
+        assert tables == {**algorithms.TABLES, 1: expected}
+    for tables in pool(2).run(_communicator_tables, "4xH200", timeout=60):  # a packaged table, by name
+        assert tables[1] == table_file.load(table_file.TABLES_DIR / "4xH200.json")
+    for error in pool(2).run(_communicator_tables, str(tmp_path / "missing.json"), timeout=60):
+        assert "table: " in error and "missing.json" in error and "4xH200" in error
+
+
+def _break_rules(doc, op, i, **change):
+    doc["rules"][op][i].update(change)
+
+
+BAD = {
+    "unknown op": (lambda d: d["rules"].update(frobnicate=d["rules"]["all_reduce"]), "unknown op 'frobnicate'"),
+    "unknown algorithm": (lambda d: _break_rules(d, "all_reduce", 0, algorithm="three_shot"),
+                          "all_reduce rule 0: unknown algorithm 'three_shot'; all_reduce has ['one_shot'"),
+    "unsorted": (lambda d: d["rules"]["all_reduce"].insert(1, {"max_bytes": 2048, "backend": "nccl",
+                                                               "algorithm": "nccl"}),
+                 "max_bytes must increase from rule to rule; rule 0 has 131072, rule 1 2048"),
+    "bounded last rule": (lambda d: _break_rules(d, "all_reduce", 1, max_bytes=1 << 30), "the last rule"),
+    "unknown backend": (lambda d: _break_rules(d, "all_reduce", 0, backend="hierarchical"),
+                        "unknown backend 'hierarchical'"),
+    "nccl's algorithm": (lambda d: _break_rules(d, "all_reduce", 1, algorithm="one_shot"), "backend nccl runs"),
+    "text size": (lambda d: _break_rules(d, "all_reduce", 0, max_bytes="128K"), "positive integer or null"),
+    "extra key": (lambda d: _break_rules(d, "all_reduce", 0, min_bytes=0), "expected keys max_bytes"),
+    "no format": (lambda d: d.pop("format"), "hybridcomm-table/1"),
+    "no rules": (lambda d: d.pop("rules"), "\"rules\" must map ops"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_table_file_says_what_is_wrong(case, tmp_path):
+    doc = _doc()
+    breaks, words = BAD[case]
+    breaks(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(table_file.TableFileError) as e:
+        table_file.load(path)
+    assert str(path) in str(e.value) and words in str(e.value), str(e.value)
+    with pytest.raises(table_file.TableFileError):
+        table_file.write(doc, tmp_path / "never.json")  # write checks too
+    assert not (tmp_path / "never.json").exists()
+
+
+def test_a_file_that_is_not_json(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text("{rules: ")
+    with pytest.raises(table_file.TableFileError, match="not JSON"):
+        table_file.load(path)
+
+
+# -- the committed tables -------------------------------------------------------------------
+PACKAGED_SOURCES = {"4xH200": ["results/4xH200/ops_4xH200.json", "results/4xH200/transitions_4xH200.json"],
+                    "2xH200": ["results/2xH200/ops_2xH200.json"]}
+
+
+def test_every_packaged_table_is_generated_from_the_committed_results(monkeypatch):
+    assert table_file.packaged() == sorted(PACKAGED_SOURCES)
+    monkeypatch.chdir(REPO)  # the files name their sources relative to the repository
+    for name, sources in PACKAGED_SOURCES.items():
+        committed = json.loads((table_file.TABLES_DIR / f"{name}.json").read_text())
+        assert tune.tune_files(sources, committed["method"]["tolerance"]) == committed, \
+            f"regenerate it: hybridcomm tune --from {' '.join(sources)} --out src/hybridcomm/tables/{name}.json"
+        table_file.load(name)  # and it loads (every rule a registry algorithm, limits increasing)
+
+
+def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "table.json"
+    assert main(["tune", "--from", *PACKAGED_SOURCES["4xH200"], "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "NVIDIA H200 x4" in printed and "built-in:" in printed and "(= built-in)" in printed
+    assert table_file.load(out) == table_file.load("4xH200")
+    assert main(["tune", "--from", str(out)]) == 2  # a table is not a results file
+    assert "not the results of `hybridcomm bench ops`" in capsys.readouterr().err
+
+
+def test_measuring_runs_both_benchmarks_and_keeps_their_results(tmp_path, capsys, monkeypatch):
+    """The GPU path's plumbing, with the benchmarks replaced by the committed 4xH200 results
+    (the measurement itself needs GPUs: tests/test_gpu.py does not time, the lead's run does)."""
+    import torch
+
+    from hybridcomm.bench import ops as bench_ops, transitions as bench_transitions
+
+    calls = []
+    committed = {kind: json.loads((REPO / f"results/4xH200/{kind}_4xH200.json").read_text())
+                 for kind in ("ops", "transitions")}
+
+    def fake_ops(world, device, sizes):
+        calls.append(("ops", world, device, sizes))
+        return committed["ops"]
+
+    def fake_transitions(layouts, world):
+        calls.append(("transitions", world, layouts))
+        return committed["transitions"]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(bench_ops, "bench_ops", fake_ops)
+    monkeypatch.setattr(bench_transitions, "bench_transitions", fake_transitions)
+    out = tmp_path / "table.json"
+    assert main(["tune", "--sizes", "2K,1M", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert calls == [("ops", 4, "cuda", [2048, 1 << 20]), ("transitions", 4, ["dp4", "dp2xtp2", "tp4"])]
+    doc = json.loads(out.read_text())
+    assert [s["file"] for s in doc["measured_on"]["sources"]] == [str(tmp_path / "table_ops.json"),
+                                                                  str(tmp_path / "table_transitions.json")]
+    for kind in ("ops", "transitions"):
+        assert json.loads((tmp_path / f"table_{kind}.json").read_text()) == committed[kind]
+        assert (tmp_path / f"table_{kind}.md").exists()
+    assert table_file.load(out) == table_file.load("4xH200")
