@@ -18,9 +18,12 @@ if [ "$GPUS" -ge 4 ]; then WORLD=4; else WORLD=2; fi
 TAG="${WORLD}x$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)"
 if [ "$WORLD" -eq 4 ]; then
   LAYOUTS=dp2xtp2,dp4,tp4; LAYER_LAYOUTS="--layout dp2xtp2 --layout dp4 --layout tp4"; MAIN=dp2xtp2
+  MODEL_LAYOUTS="dp2xtp2 dp4 tp4"; DSV3_LAYERS=${DSV3_LAYERS-}
 else
   LAYOUTS=dp2,tp2; LAYER_LAYOUTS="--layout dp2 --layout tp2"; MAIN=dp2
+  MODEL_LAYOUTS="dp2 tp2"; DSV3_LAYERS=${DSV3_LAYERS-2}
 fi
+MODEL_TOKENS=${MODEL_TOKENS:-1,4,16,64,256,uneven}; MODEL_TIMEOUT=${MODEL_TIMEOUT:-240}
 echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS"
 RPN=$((GPUS / 2))
 status=0
@@ -76,9 +79,18 @@ for stage in $stages; do
              --tokens 1,16,64,128,256,512,1024 --out "$LOGS/quant_$TAG.json" ;;
     # ~1 minute: producer (GEMM, elementwise, ours) -> our op with launch overlap off and on
     pdl) run pdl python3 -m hybridcomm bench pdl --world "$WORLD" --out "$LOGS/pdl_$TAG.json" ;;
-    # The main job and the real-shaped models (Qwen3-30B-A3B shapes), NCCL vs hybridcomm.
-    model) run model python3 -m hybridcomm bench model --layout "$MAIN" --out "$LOGS/model_$TAG.json"
-           run model_tp python3 -m hybridcomm bench model --layout "tp$WORLD" --out "$LOGS/model_tp_$TAG.json" ;;
+    # The real-shaped models, NCCL, NCCL on symmetric windows and hybridcomm: one timed call per
+    # config x layout (JSON + md each). DeepSeek-V3 shapes: DSV3_LAYERS layers (2 on 2 GPUs; on
+    # 4, empty: as many as one GPU holds with the single-device reference, hf/memory.py).
+    model)
+      for lay in $MODEL_LAYOUTS; do
+        for cfg in qwen3-30b-a3b deepseek-v3; do
+          layers=(); [ "$cfg" = deepseek-v3 ] && [ -n "$DSV3_LAYERS" ] && layers=(--layers "$DSV3_LAYERS")
+          run "model_${cfg}_$lay" timeout -k 10 "$MODEL_TIMEOUT" python3 -m hybridcomm bench model --config "$cfg" \
+            "${layers[@]}" --layout "$lay" --tokens "$MODEL_TOKENS" --timeout "$((MODEL_TIMEOUT - 20))" \
+            --out "$LOGS/model_${cfg}_${lay}_$TAG.json"
+        done
+      done ;;
     # A selection table from this machine's measurements (bench ops + transitions, their results
     # kept beside it as table_<tag>_{ops,transitions}.json), then every op routed by it.
     tune) run tune timeout "${TUNE_TIMEOUT:-600}" python3 -m hybridcomm tune --world "$WORLD" --out "$LOGS/table_$TAG.json"

@@ -30,8 +30,8 @@ def _poisoned_check(cases, backend, exact, table):
     return check_cases(cases, backend, exact, table=table)
 
 
-def _run(pool, cases, backend="auto", exact="sums", table="auto"):
-    per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, backend, exact, table, timeout=600)
+def _run(pool, cases, backend="auto", exact="sums", table="auto", worker=_poisoned_check):
+    per_rank = pool(WORLD, "cuda").run(worker, cases, backend, exact, table, timeout=600)
     failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
     failures += cross_rank_mismatches(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
@@ -78,6 +78,28 @@ def test_nccl_backend_matches_the_oracle_within_tolerance(pool):
     for i, lay in enumerate(MAIN_LAYOUTS):
         cases += cases_for_layout(lay, dtypes=("bfloat16",), data="randn", row_shape=(64,), seed=30 + i)
     _run(pool, cases, backend="nccl", exact="none")
+
+
+def _closing_check(cases, backend, exact, table):
+    """_poisoned_check, then the communicators of `backend` closed: nccl_symm's registered
+    windows are released on every rank at this same point, not at process exit."""
+    import hybridcomm.check as check
+
+    outcomes = _poisoned_check(cases, backend, exact, table)
+    torch.cuda.synchronize()
+    for key in [k for k in check._communicators if k[1] == backend]:
+        check._communicators.pop(key).close()
+    return outcomes
+
+
+@pytest.mark.timeout(900)
+def test_nccl_symm_backend_matches_the_oracle_within_tolerance(pool):
+    """The token transitions on NCCL symmetric windows (the other ops run as on nccl)."""
+    cases = []
+    for i, lay in enumerate(MAIN_LAYOUTS):
+        cases += [c for c in cases_for_layout(lay, dtypes=("bfloat16",), data="randn", row_shape=(64,), seed=40 + i)
+                  if c.op in ("gather_tokens", "scatter_tokens")]
+    _run(pool, cases, backend="nccl_symm", exact="none", worker=_closing_check)
 
 
 REPLAY_OPS = [

@@ -146,14 +146,56 @@ def test_layout_that_does_not_divide_the_heads():
 
 
 def test_bench_model_on_cpu(pool):
-    """`hybridcomm bench model`'s per-point run (eager on CPU): it times, checks and reports."""
+    """`hybridcomm bench model`'s worker call (eager on CPU): every point times, checks and
+    reports; the NCCL rows, which need GPUs, are skipped with the reason."""
     from hybridcomm.bench.model import format_model_table, run_model_bench, verdict
 
-    runs = pool(4).run(run_model_bench, "qwen3_moe-tiny", 1, "dp2xtp2", None, [3, 0], ["reference"], 3,
-                       "float32", True, 0, timeout=300)
-    assert all(r == runs[0] for r in runs)
-    row = runs[0]["backends"][0]
-    assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
-    assert row["step_us"] > 0 and row["comm_us"] > 0
-    results = {"results": runs[:1]}
-    assert "reference" in format_model_table(results) and "PASS" in verdict(results)
+    outs = pool(4).run(run_model_bench, "qwen3_moe-tiny", 1, "dp2xtp2", None, [[3, 0], [1, 2]],
+                       ["reference", "nccl_symm"], 3, "float32", True, 0, timeout=300)
+    assert all(o["results"] == outs[0]["results"] for o in outs)  # phases are each rank's own seconds
+    runs = outs[0]["results"]
+    assert [r["tokens_per_dp"] for r in runs] == [[3, 0], [1, 2]]
+    for run in runs:
+        row, skipped = run["backends"]
+        assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
+        assert row["step_us"] > 0 and row["comm_us"] > 0
+        assert "needs CUDA" in skipped["skipped"] and skipped["backend"] == "nccl-symm"
+    table = format_model_table(outs[0])
+    assert "reference" in table and "skipped: nccl_symm needs CUDA" in table and "PASS" in verdict(outs[0])
+
+
+def test_bench_model_token_items():
+    from hybridcomm.bench.model import counts_for
+
+    assert counts_for(hc.Layout(4), "uneven") == [16, 1, 1, 1]
+    assert counts_for(hc.Layout(4, attn_tp=4), "uneven") is None  # one DP group: nothing to skew
+    assert counts_for(hc.Layout(4, attn_tp=2), 5) == [5, 5]
+    assert counts_for(hc.Layout(4, attn_tp=2), [64, 1]) == [64, 1]
+    assert counts_for(hc.Layout(4), [64, 1]) is None
+
+
+def test_deepseek_v3_layers_that_fit_one_h200_with_the_reference():
+    """hf.memory: a DeepSeek-V3 layer is ~21.4 GiB in bf16 (256 experts of 3 x 7168 x 2048), so
+    the single-device reference holds 5 layers on an H200 (139 GiB usable) and fewer on less."""
+    from hybridcomm.hf import memory
+
+    fixed, per_layer = memory.layer_bytes("deepseek-v3", torch.bfloat16)
+    experts = 256 * 3 * 7168 * 2048 * 2
+    assert experts < per_layer < experts * 1.05
+    assert memory.fit_layers("deepseek-v3", 139 << 30, torch.bfloat16) == 5
+    assert memory.fit_layers("deepseek-v3", 80 << 30, torch.bfloat16) == 3
+    with pytest.raises(ValueError, match="does not fit"):
+        memory.fit_layers("deepseek-v3", 20 << 30, torch.bfloat16)
+
+
+def _nccl_symm_on_cpu() -> str:
+    try:
+        hc.Communicator(hc.Layout(2), device="cpu", backend="nccl_symm")
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_nccl_symm_backend_needs_cuda(pool):
+    for message in pool(2).run(_nccl_symm_on_cpu):
+        assert "backend='nccl_symm' needs a CUDA device" in message

@@ -33,13 +33,17 @@ def _graph_decode(family: str, attn_tp: int, moe_tp: int, backend: str, dtype_na
     counts = SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
-    decoder = hf.Decoder(model, slots=max(counts), max_len=14, graphs=True, device_counts=backend != "nccl")
+    decoder = hf.Decoder(model, slots=max(counts), max_len=14, graphs=True,
+                         device_counts=backend not in ("nccl", "nccl_symm"))
     schedule = check.pause_schedule(counts, 6)
     fed, logits = check.decode(decoder, prompts, schedule)
     result = check.compare(hf.reference_model(config, device=comm.device, dtype=dtype, seed=11), prompts, fed, logits)
     result["graphs"] = len(decoder._captured)
     result["keys"] = len({decoder.graph_key(c) for c in schedule})  # buckets (device counts) or count mixes
     result["mixes"] = len({tuple(c) for c in schedule})
+    del decoder  # its graphs hold the Communicator's buffers
+    torch.cuda.synchronize()
+    comm.close()  # on every rank here, not at garbage collection (nccl_symm's windows are released collectively)
     return result
 
 
@@ -55,7 +59,8 @@ def test_graph_decode_matches_one_gpu(pool, family, layout, dtype):
         assert r["graphs"] == r["keys"] <= r["mixes"], r  # one capture per bucket, not per count mix
 
 
-def test_nccl_graphs_with_host_counts(pool):
+@pytest.mark.parametrize("backend", ["nccl", "nccl_symm"])
+def test_nccl_graphs_with_host_counts(pool, backend):
     name, attn_tp, moe_tp = LAYOUTS[0]
-    for r in pool(WORLD, "cuda").run(_graph_decode, "qwen3_moe", attn_tp, moe_tp, "nccl", "float32", timeout=600):
+    for r in pool(WORLD, "cuda").run(_graph_decode, "qwen3_moe", attn_tp, moe_tp, backend, "float32", timeout=600):
         assert r["max_rel_error"] < TOLERANCE["float32"] and r["top1_agreement"] == 1.0, r

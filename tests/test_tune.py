@@ -236,12 +236,20 @@ def test_every_packaged_table_is_generated_from_the_committed_results(monkeypatc
         table_file.load(name)  # and it loads (every rule a registry algorithm, limits increasing)
 
 
+def test_the_built_in_table_is_the_packaged_4xH200_one_where_that_was_measured():
+    """algorithms.TABLE states the measured rules by hand (with why); they must be the data's."""
+    doc = json.loads((table_file.TABLES_DIR / "4xH200.json").read_text())
+    measured = table_file.parse(doc, "4xH200.json")
+    for op, rules in measured.items():
+        assert algorithms.TABLE[op] == rules, f"{op}: algorithms.TABLE differs from tables/4xH200.json"
+
+
 def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     out = tmp_path / "table.json"
     assert main(["tune", "--from", *PACKAGED_SOURCES["4xH200"], "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "NVIDIA H200 x4" in printed and "built-in:" in printed and "(= built-in)" in printed
+    assert "NVIDIA H200 x4" in printed and "(= built-in)" in printed  # the built-in table is this data
     assert table_file.load(out) == table_file.load("4xH200")
     assert main(["tune", "--from", str(out)]) == 2  # a table is not a results file
     assert "not the results of `hybridcomm bench ops`" in capsys.readouterr().err

@@ -48,31 +48,33 @@ class Rule:
 LAMPORT = "one_shot_lamport"  # the one-shot on the Lamport protocol (half LL's bytes, no flags)
 
 TABLE: dict[str, tuple[Rule, ...]] = {
-    # From results/4xH200/{ops,transitions}_4xH200.md (2026-11-22, 21:10 run), each rule where
-    # its algorithm measured fastest: the LL one-shot below ~128-256 KB (Lamport's re-fill and
-    # 3-slot bookkeeping cost ~1.5 us there: 5.69 vs 4.13 us at 2 KB), Lamport up to its area
-    # (4 MiB payload per peer), then the bulk two-shot or NCCL.
+    # The unquantized ops' rules are those `hybridcomm tune` derived from the 4x H200 run of
+    # 2026-11-22 23:20 (results/4xH200/{ops,transitions}_4xH200.*; packaged as tables/4xH200.json,
+    # and tests/test_tune.py checks that they agree): per size the fastest algorithm, ties within
+    # 5% going to the simpler one. In that run the LL one-shot all_reduce took 3.28 us at 2 KB and
+    # tied Lamport at 128 KB; Lamport (16-byte payload stores) wins the row ops from 2 KB except
+    # reduce_scatter_v at 32-256 KB, and the transitions from 64-256 KB to 16 MB (DP4 at 512
+    # tokens/rank: 56.1 us against NCCL's 71.8, which the earlier 8 MB rule chose).
     "all_reduce": (
-        Rule(128 * KiB, "nvlink", "one_shot"),
-        Rule(1 * MiB, "nvlink", LAMPORT),
-        Rule(4 * MiB, "nvlink", "two_shot_bulk"),
+        Rule(32 * KiB, "nvlink", "one_shot"),
+        Rule(2 * MiB, "nvlink", LAMPORT),
+        Rule(8 * MiB, "nvlink", "two_shot_bulk"),
         Rule(None, "nccl", "nccl"),
     ),
     "all_gather_v": (
-        Rule(256 * KiB, "nvlink", "one_shot"),
         Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
     "reduce_scatter_v": (
+        Rule(8 * KiB, "nvlink", LAMPORT),
         Rule(256 * KiB, "nvlink", "one_shot"),
         Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the gathered output: LL one-shot to 128 KB (DP2xTP2: 8 tokens per rank at hidden
-    # 4096), Lamport to 8 MB (512 tokens per rank on DP2xTP2 / 256 on DP4).
+    # Message = the gathered output.
     "gather_tokens": (
-        Rule(128 * KiB, "nvlink", "one_shot"),
-        Rule(8 * MiB, "nvlink", LAMPORT),
+        Rule(64 * KiB, "nvlink", "one_shot"),
+        Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
@@ -80,28 +82,28 @@ TABLE: dict[str, tuple[Rule, ...]] = {
         Rule(None, "nccl", "nccl"),
     ),
     # Quantized gathers (hybridcomm.quant, csrc/quant_gather.cu); message = the gathered bytes
-    # (data + scales). results/4xH200/quant_4xH200.md (hidden 4096, 1-1024 tokens per DP rank):
-    # the kernel (hc_quant) beat the NCCL path (nccl_q / nccl_symm_q: quantize, all-gather data
-    # and scales -- what our NCCL backend runs) at every point measured, up to the largest,
-    # 16.0 MiB (DP4, fp8, 1024 tokens/rank: 115.6 vs 135.7 us); at 1024 tokens nvfp4 DP4 (9.0 MiB)
-    # 75.2 vs 310.0 us, where the earlier 8 MiB rule sent it to NCCL (328.8 us). So the kernel
-    # runs to 17 MiB; above that it is unmeasured (NCCL). Past the workspace (LL: half of
-    # workspace_bytes per peer, checked by the backend) NCCL runs it at any size. Caveat: our
-    # NCCL backend quantizes with the torch reference quantizer (many small kernels); the two
-    # all-gathers alone (nccl_ag_only) took 64.0 us at that 16 MiB point, so an engine with a
-    # fused quantize kernel would beat our kernel there, and ties it at 256 tokens/rank on DP4.
+    # (data + scales). results/4xH200/quant_4xH200.md (23:20 run; hidden 4096 and 7168, DP4 and
+    # DP2xTP2, 1-1024 tokens per DP rank): the kernel (hc_quant) beat the NCCL path (nccl_q /
+    # nccl_symm_q: quantize, all-gather data and scales -- what our NCCL backend runs) at every
+    # point, up to the largest, 28.9 MiB (DP4, fp8_block128, hidden 7168, 1024 tokens/rank: 198.3
+    # vs 209.3 us; fp8 there 206.4 vs 209.3: a tie). So the kernel runs to 32 MiB; above that it
+    # is unmeasured (NCCL). Past the workspace (LL: half of workspace_bytes per peer, checked by
+    # the backend) NCCL runs it at any size. Caveats: our NCCL backend quantizes with the torch
+    # reference quantizer (many small kernels) -- the two all-gathers alone (nccl_ag_only) took
+    # 93.6 us at that 28 MiB point -- and from ~1024 tokens/rank our LL kernel moves fp8 no faster
+    # than our bf16 Lamport gather moves bf16 (206.4 vs 181.1 us).
     "all_gather_v_quant": (
-        Rule(17 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_quant": (
-        Rule(17 * MiB, "nvlink", "quant"),
+        Rule(32 * MiB, "nvlink", "quant"),
         Rule(None, "nccl", "nccl"),
     ),
-    # Message = the world-partial input (all tokens): LL one-shot to 128 KB, Lamport to 8 MB.
+    # Message = the world-partial input (all tokens).
     "scatter_tokens": (
         Rule(128 * KiB, "nvlink", "one_shot"),
-        Rule(8 * MiB, "nvlink", LAMPORT),
+        Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
 }

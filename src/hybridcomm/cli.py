@@ -331,15 +331,27 @@ def _timing_note(graphs: bool, device: str) -> str:
 
 
 def _model_tokens(text: str) -> list:
-    """'1,4,64:1' -> [1, 4, [64, 1]]: an int is that many tokens on every DP group, a ':' list
-    one count per DP group (run only on layouts with that many groups)."""
+    """'1,4,64:1,uneven' -> [1, 4, [64, 1], 'uneven']: an int is that many tokens on every DP
+    group, a ':' list one count per DP group (run only on layouts with that many groups),
+    'uneven' one group with 16 and the others with 1 (layouts with several DP groups)."""
     try:
-        items = [[int(t) for t in item.split(":")] if ":" in item else int(item) for item in text.split(",")]
+        items = [item if item == "uneven" else [int(t) for t in item.split(":")] if ":" in item else int(item)
+                 for item in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected counts like 1,4,64:1, got {text!r}") from None
-    if any(min(i if isinstance(i, list) else [i]) < 0 for i in items):
+        raise argparse.ArgumentTypeError(f"expected counts like 1,4,64:1,uneven, got {text!r}") from None
+    if any(min(i if isinstance(i, list) else [i]) < 0 for i in items if i != "uneven"):
         raise argparse.ArgumentTypeError(f"counts must be non-negative, got {text!r}")
     return items
+
+
+def _model_configs(text: str) -> list[str]:
+    from .hf.configs import CONFIGS
+
+    names = [t.strip() for t in text.split(",")]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown config {unknown[0]!r}; known: {', '.join(sorted(CONFIGS))}")
+    return names
 
 
 def cmd_bench_model(args) -> int:
@@ -350,19 +362,19 @@ def cmd_bench_model(args) -> int:
     layouts = args.layout or [Layout.parse("dp2" if cuda and torch.cuda.device_count() < 4 else "dp2xtp2")]
     world = ca.same_world(layouts)
     device = ca.check_device(device, world)
-    backends = args.backends or (["nccl", "auto"] if cuda else ["reference"])
+    backends = args.backends or (["nccl", "nccl_symm", "auto"] if cuda else ["reference"])
     for b in backends:
         ca.check_backend(b, device, "--backends")
-    config = args.config or ("qwen3-30b-a3b" if cuda else "qwen3_moe-small")
-    tokens = args.tokens or _model_tokens("1,4,16,64,256,64:1,64:1:1:1" if cuda else "4,6:2")
-    results = bench_model(config, [lay.name for lay in layouts], tokens, world, device, backends, args.steps,
+    configs = args.config or ["qwen3-30b-a3b" if cuda else "qwen3_moe-small"]
+    tokens = args.tokens or _model_tokens("1,4,16,64,256,uneven" if cuda else "4,6:2")
+    results = bench_model(configs, [lay.name for lay in layouts], tokens, world, device, backends, args.steps,
                           args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
-                          check_logits=not args.no_check, seed=args.seed, eager=args.eager)
+                          check_logits=not args.no_check, seed=args.seed, eager=args.eager, timeout_s=args.timeout)
     table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
     print(table)
     if args.out:
         _write_with_table(results, table, args.out)
-    return 0 if "FAIL" not in verdict(results) else 1
+    return 0 if "FAIL" not in verdict(results) and not results["failed"] else 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -498,22 +510,28 @@ def parser() -> argparse.ArgumentParser:
 
     model = bench.add_parser("model", help="decode steps of a Hugging Face MoE model (hybridcomm.hf) per backend, "
                                            "checked against one device")
-    model.add_argument("--config", default=None, help="a hybridcomm.hf.configs name (default: qwen3-30b-a3b on "
-                                                      "GPUs, qwen3_moe-small on CPU), e.g. deepseek-v3")
-    model.add_argument("--layers", type=ca.positive_int, default=None, help="override the config's layers")
+    model.add_argument("--config", "--configs", type=_model_configs, default=None,
+                       help="hybridcomm.hf.configs names, comma-separated, each run in turn (default: "
+                            "qwen3-30b-a3b on GPUs, qwen3_moe-small on CPU), e.g. qwen3-30b-a3b,deepseek-v3")
+    model.add_argument("--layers", type=ca.positive_int, default=None,
+                       help="override the configs' layers (default: the config's; deepseek-v3 on GPUs: as "
+                            "many as one GPU holds with the single-device reference)")
     model.add_argument("--layout", type=ca.layout, action="append", default=None,
                        help=layout_help + "; repeat for several of the same world (default: dp2 on 2-3 GPUs, "
                                           "dp2xtp2 on 4 GPUs or the CPU)")
     model.add_argument("--tokens", type=_model_tokens, default=None,
-                       help="tokens per DP group, comma-separated; 64:1 gives one count per DP group "
-                            "(default 1,4,16,64,256,64:1,64:1:1:1 on GPUs, 4,6:2 on CPU)")
+                       help="tokens per DP group, comma-separated; 64:1 gives one count per DP group, uneven "
+                            "16 on the first and 1 on the others (default 1,4,16,64,256,uneven on GPUs, "
+                            "4,6:2 on CPU)")
     model.add_argument("--backends", type=ca.backend_list, default=None,
-                       help="comma-separated, the first is the speed-up baseline (default: nccl,auto on GPUs, "
-                            "reference on CPU)")
+                       help="comma-separated (default: nccl,nccl_symm,auto on GPUs, reference on CPU); "
+                            "speed-up is against the best of nccl and nccl_symm")
     model.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
     model.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                        help="default: bfloat16 on GPUs, float32 on CPU")
-    model.add_argument("--steps", type=ca.positive_int, default=16, help="decode steps per point (default 16)")
+    model.add_argument("--steps", type=ca.positive_int, default=8, help="decode steps per point (default 8)")
+    model.add_argument("--timeout", type=ca.positive_int, default=900,
+                       help="seconds for each config x layout (one worker call; default 900)")
     model.add_argument("--seed", type=int, default=0, help="random weights and prompts (default 0)")
     model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
     model.add_argument("--eager", action="store_true", help="GPUs: no CUDA graphs (wall-clock step times)")

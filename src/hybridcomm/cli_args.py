@@ -19,7 +19,7 @@ from .quant import FORMATS as QUANT_FORMATS
 
 BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
                  "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-BENCH_BACKENDS = ("auto", "reference", "nccl", "nvlink")
+BENCH_BACKENDS = ("auto", "reference", "nccl", "nccl_symm", "nvlink")
 CPU_BACKENDS = ("auto", "reference")  # on CPU every op runs on the reference backend
 
 

@@ -23,7 +23,7 @@ from .norm import ResidualNorm
 from .ops import OPS
 from .quant import QuantSpec, parse_quant
 
-BACKENDS = ("auto", "reference", "nccl", "nvlink")
+BACKENDS = ("auto", "reference", "nccl", "nccl_symm", "nvlink")
 
 
 def resolve_device(device) -> torch.device:
@@ -52,7 +52,8 @@ class Communicator:
         rank must make every call. README "What is checked" says what is checked without it.
     timeout_s: deadline of every wait inside our kernels (PeerTimeout on expiry).
     backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
-        "reference", "nccl", "nvlink" (nvlink still falls back to NCCL where it cannot run).
+        "reference", "nccl", "nccl_symm", "nvlink" (nvlink still falls back to NCCL where it
+        cannot run; nccl_symm, a benchmark baseline: backends/nccl_symm.py).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
     table: the selection table (default algorithms.TABLE); tests and tuning pass others. A
         table keyed by node count (algorithms.TABLES) also sets the tables across nodes. A
@@ -92,10 +93,13 @@ class Communicator:
         if self.device.type == "cuda":
             from .backends.nccl import NcclBackend
             self.backends["nccl"] = NcclBackend(self.groups)
+            if backend == "nccl_symm":
+                from .backends.nccl_symm import NcclSymmBackend
+                self.backends["nccl_symm"] = NcclSymmBackend(self.groups, self.device)
             if backend in ("auto", "nvlink"):
                 from .backends.nvlink import NvlinkBackend
                 self.backends["nvlink"] = NvlinkBackend(self, workspace_bytes)
-        elif backend in ("nccl", "nvlink"):
+        elif backend in ("nccl", "nccl_symm", "nvlink"):
             raise ValueError(f"backend={backend!r} needs a CUDA device, got {self.device}")
 
     # -- ops ------------------------------------------------------------------------------
@@ -388,7 +392,7 @@ class Communicator:
 
     def _decide(self, op: str, group: Group, x: torch.Tensor, sizes: Sizes | None, index: int,
                 quant: QuantSpec | None) -> algorithms.Choice:
-        if self.forced in ("reference", "nccl"):
+        if self.forced in ("reference", "nccl", "nccl_symm"):
             return algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
         nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs

@@ -14,20 +14,14 @@ import torch.distributed as dist
 
 
 class NcclSymmetricBuffers:
-    """Flat byte buffers from an NCCL-registered pool; `view` cuts typed tensors from them."""
+    """Flat byte buffers from an NCCL-registered pool (backends.nccl_symm.register_buffers);
+    `view` cuts typed tensors from them."""
 
     def __init__(self, nbytes: list[int], device: torch.device):
-        self.error = None
+        from ..backends.nccl_symm import register_buffers
+
         try:
-            backend = dist.group.WORLD._get_backend(device)
-            self.pool = torch.cuda.MemPool(backend.mem_allocator)
-            with torch.cuda.use_mem_pool(self.pool):
-                self.buffers = [torch.empty(n, dtype=torch.uint8, device=device) for n in nbytes]
-            try:
-                backend.register_mem_pool(self.pool, symm=True)
-            except TypeError:  # a torch without the symm flag: plain registration
-                backend.register_mem_pool(self.pool)
-                self.error = "registered without symm=True (older torch)"
+            self.pool, self.buffers, self.error = register_buffers(nbytes, device, [dist.group.WORLD])
         except Exception as e:  # report, do not hide: the table shows the column as missing
             self.buffers, self.error = None, f"{type(e).__name__}: {e}"
 

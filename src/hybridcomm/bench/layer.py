@@ -39,7 +39,7 @@ from ..model import (Batch, DistributedDecoder, ModelConfig, ModelWeights, dtype
 from . import timing
 
 # Display name per backend argument: "auto" is this library's own selection.
-LABELS = {"auto": "hybridcomm"}
+LABELS = {"auto": "hybridcomm", "nccl_symm": "nccl-symm"}
 REPEATS = 5
 
 # Workers of an SpmdPool live across calls; building the bench model's weights takes
