@@ -2,7 +2,7 @@
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
 # under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
 #   bash scripts/gpu_check.sh [stage ...]
-#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace
+#   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace sweep
 # (default: info build test check ops transitions layer). nodes: every GPU as two simulated
 # nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
 # "The kernel protocols"): never remove these exports.
@@ -46,7 +46,7 @@ for stage in $stages; do
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
            tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
            tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_gpu_row_grids.py \
-           tests/test_hf_gpu.py tests/test_pdl.py tests/test_gpu_two_step.py \
+           tests/test_hf_gpu.py tests/test_pdl.py tests/test_gpu_two_step.py tests/test_gpu_pipelined.py \
            "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
@@ -70,6 +70,8 @@ for stage in $stages; do
       # The model for the same shape, the "network" being NCCL over NVLink (no hop cost)
       run nodes_model python3 -m hybridcomm model --nodes 2 --gpus-per-node "$RPN" --net-gbps 270 --hop-us 0 \
         --node-legs nccl --layouts "dp$GPUS" --tokens 1,4,16,64,256,1024 ;;
+    # the pipelined two-shot all_reduce's (chunk, blocks) against the baselines (~2 minutes)
+    sweep) run sweep python3 scripts/pipeline_sweep.py --world "$WORLD" --out "$LOGS/sweep_$TAG" ;;
     # fp8 experts fed by the fp8 gather (docs/quantization.md): bf16, fp8, nvfp4 gathers, NCCL vs ours
     # shellcheck disable=SC2086
     layer_quant) run layer_quant python3 -m hybridcomm bench layer $LAYER_LAYOUTS --tokens 1,16,128 \

@@ -66,7 +66,7 @@ def test_compare_sees_a_changed_nan_payload():
 def test_region_holds_three_lamport_slots_after_the_ll_slots(members):
     area = 4 << 20
     assert workspace.ll_bytes(members, area) == abi.FLAG_BYTES + 4 * members * area
-    assert workspace.region_bytes(members, area) == workspace.ll_bytes(members, area) + 3 * members * area
+    assert workspace.chunked_offset(members, area) == workspace.ll_bytes(members, area) + 3 * members * area
     assert ops.LAMPORT.capacity(area) == area  # data 1:1: twice the LL payload of an area
 
 

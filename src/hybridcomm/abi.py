@@ -30,6 +30,12 @@ LAMPORT_UNIT_BYTES, LAMPORT_WIRE_FACTOR = 16, 1
 LAMPORT_SLOTS = 3
 LAMPORT_STATE_WORDS = 3
 LAMPORT_ONE_SHOT = 8  # the fingerprint's algorithm field of a Lamport one-shot: this + its slot
+# Chunked (the pipelined two-shot, csrc/chunked.cuh): its own areas after the Lamport slots
+CHUNKED_UNIT_BYTES, CHUNKED_WIRE_FACTOR = 16, 1
+MAX_CHUNKS = 4096  # release flags per (phase, source)
+CHUNK_FLAG_BYTES = 2 * MAX_RANKS * MAX_CHUNKS * 4
+MIN_CHUNK_BYTES, MAX_CHUNK_BYTES = 1024, 512 * 1024  # chunk sizes: powers of two between
+CHUNKED_ONE_SHOT = 4  # the fingerprint's algorithm field of the row ops' pipelined one-shots
 
 
 # -- codes --------------------------------------------------------------------------------------
@@ -54,6 +60,7 @@ class AllReduceAlgorithm(IntEnum):
     ONE_SHOT = 0
     TWO_SHOT = 1
     TWO_SHOT_BULK = 2
+    TWO_SHOT_PIPELINED = 3
 
 
 class GatherTokensAlgorithm(IntEnum):
@@ -99,7 +106,7 @@ class CallField(IntEnum):
     OP = 1
     DTYPE = 2
     ALGORITHM = 3
-    VARIANT = 4  # attn_tp / partial of a token transition
+    VARIANT = 4  # attn_tp / partial of a token transition; the pipelined all_reduce's chunk size
     COUNTS = 5
     WIDTH = 6  # row bytes (all_reduce: message bytes)
 
@@ -144,6 +151,9 @@ C_NAMES: dict[str, int] = {
     "kBulkUnitBytes": BULK_UNIT_BYTES, "kBulkWireFactor": BULK_WIRE_FACTOR,
     "kLamportUnitBytes": LAMPORT_UNIT_BYTES, "kLamportWireFactor": LAMPORT_WIRE_FACTOR,
     "kLamportSlots": LAMPORT_SLOTS, "kLamportStateWords": LAMPORT_STATE_WORDS, "kLamportOneShot": LAMPORT_ONE_SHOT,
+    "kChunkedUnitBytes": CHUNKED_UNIT_BYTES, "kChunkedWireFactor": CHUNKED_WIRE_FACTOR, "kMaxChunks": MAX_CHUNKS,
+    "kChunkFlagBytes": CHUNK_FLAG_BYTES, "kMinChunkBytes": MIN_CHUNK_BYTES, "kMaxChunkBytes": MAX_CHUNK_BYTES,
+    "kChunkedOneShot": CHUNKED_ONE_SHOT,
     **_c_enum("", OpCode), **_c_enum("", DType, {"BFLOAT16": "BFloat16"}),
     **_c_enum("AllReduce", AllReduceAlgorithm), **_c_enum("GatherTokens", GatherTokensAlgorithm),
     **_c_enum("ScatterTokens", ScatterTokensAlgorithm), **_c_enum("", ErrorCode),
@@ -214,6 +224,11 @@ SIGNATURES = {
     "hc_lamport_reduce_scatter_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    # pipelined two-shot all_reduce (pipelined_all_reduce.cu): dtype, in, out, nbytes, chunk_bytes, blocks
+    "hc_all_reduce_pipelined": [_G, _I, _P, _P, _I64, _I64, _I, _I, _P],
+    # pipelined one-shots (pipelined_<op>.cu): hc_<op>'s arguments, then chunk_bytes, blocks, then pdl, stream
+    "hc_all_gather_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
+    "hc_reduce_scatter_v_pipelined": [_G, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I, _I, _P],
     # the trace build's rings (trace.cu, read by hybridcomm/trace.py; the normal build has none)
     "hc_trace_rings": [],
     "hc_trace_ring_bytes": [],

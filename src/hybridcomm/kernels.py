@@ -91,6 +91,10 @@ _lib.define("gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tenso
             "-> (Tensor, Tensor)")
 _lib.define("scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int algorithm, "
             "int out_rows, bool pdl) -> Tensor")
+_lib.define("all_reduce_pipelined(Tensor x, int group, int chunk_bytes, int blocks, bool pdl) -> Tensor")
+for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
+    _lib.define(f"{_name}(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, int chunk_bytes, "
+                "int blocks, bool pdl) -> Tensor")
 _lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? residual, Tensor? weight, float eps, "
             "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows, int algorithm, "
             "bool lamport, bool pdl) -> (Tensor, Tensor, Tensor)")
@@ -102,6 +106,35 @@ def all_reduce(x, group, algorithm, pdl):
     _launch("all_reduce", lib.hc_all_reduce(args, algorithm, DTYPE_CODE[x.dtype], x.data_ptr(), out.data_ptr(),
                                             x.numel() * x.element_size(), int(pdl), _stream(x)))
     return out
+
+
+def all_reduce_pipelined(x, group, chunk_bytes, blocks, pdl):
+    """The pipelined two-shot (csrc/pipelined_all_reduce.cu); chunk_bytes, blocks: pipeline.py."""
+    lib, args = _groups[group]
+    out = _new(x.shape, x)
+    _launch("all_reduce", lib.hc_all_reduce_pipelined(args, DTYPE_CODE[x.dtype], x.data_ptr(), out.data_ptr(),
+                                                      x.numel() * x.element_size(), chunk_bytes, blocks, int(pdl),
+                                                      _stream(x)))
+    return out
+
+
+def _pipelined_rows(op, x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl):
+    """A pipelined one-shot over rows (csrc/pipelined_<op>.cu); chunk_bytes, blocks: pipeline.py."""
+    lib, args = _groups[group]
+    out = _new((out_rows,) + tuple(x.shape[1:]), x)
+    dev, host = _sizes(sizes, host_sizes)
+    _launch(op, getattr(lib, f"hc_{op}_pipelined")(args, DTYPE_CODE[x.dtype], x.data_ptr(), out.data_ptr(), dev,
+                                                   host, _row_bytes(x), x.shape[0], out_rows, chunk_bytes, blocks,
+                                                   int(pdl), _stream(x)))
+    return out
+
+
+def all_gather_v_pipelined(x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl):
+    return _pipelined_rows("all_gather_v", x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl)
+
+
+def reduce_scatter_v_pipelined(x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl):
+    return _pipelined_rows("reduce_scatter_v", x, sizes, host_sizes, group, out_rows, chunk_bytes, blocks, pdl)
 
 
 def all_gather_v(x, sizes, host_sizes, own, learned, group, out_rows, pdl):
@@ -239,7 +272,9 @@ def lamport_scatter_tokens(y, sizes, host_sizes, group, tp, out_rows, pdl):
                          pdl, tp)
 
 
-IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_gather_v": all_gather_v,
+IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_reduce_pipelined": all_reduce_pipelined,
+         "all_gather_v_pipelined": all_gather_v_pipelined, "reduce_scatter_v_pipelined": reduce_scatter_v_pipelined,
+         "all_gather_v": all_gather_v,
          "reduce_scatter_v": reduce_scatter_v, "gather_tokens": gather_tokens,
          "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens,
          "lamport_all_reduce": lamport_all_reduce, "lamport_all_gather_v": lamport_all_gather_v,
@@ -264,6 +299,11 @@ def _fake_rows(x, out_rows):
 
 
 torch.library.register_fake("hybridcomm::all_reduce")(lambda x, group, algorithm, pdl: torch.empty_like(x))
+torch.library.register_fake("hybridcomm::all_reduce_pipelined")(
+    lambda x, group, chunk, blocks, pdl: torch.empty_like(x))
+for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
+    torch.library.register_fake(f"hybridcomm::{_name}")(
+        lambda x, s, h, g, out_rows, chunk, blocks, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::all_gather_v")(
     lambda x, s, h, own, learned, g, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::reduce_scatter_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))

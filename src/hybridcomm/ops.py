@@ -35,6 +35,8 @@ LL = Protocol("LL", abi.LL_UNIT_BYTES, abi.LL_WIRE_FACTOR)
 BULK = Protocol("bulk", abi.BULK_UNIT_BYTES, abi.BULK_WIRE_FACTOR)
 # Payload is the flag (csrc/lamport.cuh): its own areas, of the same size, filled 1:1.
 LAMPORT = Protocol("Lamport", abi.LAMPORT_UNIT_BYTES, abi.LAMPORT_WIRE_FACTOR)
+# Full-width stores, one release flag per chunk (csrc/chunked.cuh): its own areas, of the same size.
+CHUNKED = Protocol("chunked", abi.CHUNKED_UNIT_BYTES, abi.CHUNKED_WIRE_FACTOR)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Algorithm:
     protocol: Protocol = LL
     # A flat message cut into one chunk per member (two-shot all_reduce): each peer gets 1/n.
     chunked: bool = False
+    # A message beyond the workspace runs as several calls (the launcher cuts it): no size limit.
+    sliced: bool = False
     # Its kernel takes this rank's own count alone (a `Counts` holding a device tensor) and
     # exchanges it inside the call, beside its arrival packet (csrc/own_count.cuh). Elsewhere
     # a Counts is exchanged before the op by a separate all-gather (counts.py).
@@ -85,6 +89,9 @@ class OpSpec:
 ONE_SHOT = Algorithm("one_shot", None)
 # Every op's one-shot on the Lamport protocol: its own launcher (hc_lamport_<op>), so no code.
 ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
+# A one-shot pipelined in chunks on the chunked protocol (its own launcher; chunk size and blocks
+# from pipeline.py): all_gather_v, reduce_scatter_v.
+ONE_SHOT_PIPELINED = Algorithm("one_shot_pipelined", None, CHUNKED)
 # The gathers' kernels learn the others' counts after their first sends (csrc/own_count.cuh);
 # scatters and reductions need every count before they send, and the quantized gather has
 # not been taught (a Counts reaching them is exchanged first, counts.py).
@@ -105,10 +112,14 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.AllReduceAlgorithm.TWO_SHOT, LL, chunked=True),
-        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT)),
+        Algorithm("two_shot_bulk", abi.AllReduceAlgorithm.TWO_SHOT_BULK, BULK, chunked=True), ONE_SHOT_LAMPORT,
+        # its own launcher (hc_all_reduce_pipelined), with chunk size and blocks (pipeline.py)
+        Algorithm("two_shot_pipelined", abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED, CHUNKED, chunked=True,
+                  sliced=True))),
     OpSpec("all_gather_v", abi.OpCode.ALL_GATHER_V, "output", "rows",
-           (replace(ONE_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN))),
-    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows", (ONE_SHOT, ONE_SHOT_LAMPORT)),
+           (replace(ONE_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN), ONE_SHOT_PIPELINED)),
+    OpSpec("reduce_scatter_v", abi.OpCode.REDUCE_SCATTER_V, "input", "rows",
+           (ONE_SHOT, ONE_SHOT_LAMPORT, ONE_SHOT_PIPELINED)),
     OpSpec("gather_tokens", abi.OpCode.GATHER_TOKENS, "output", "rows", (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT, **OWN),
         Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN),

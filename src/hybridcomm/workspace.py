@@ -6,14 +6,17 @@ the same members share one) gets a region on every rank:
 
     [flags 16.5 KiB][slot 0: area A x n, area B x n][slot 1: area A x n, area B x n]
     [Lamport slot 0: area x n][Lamport slot 1: area x n][Lamport slot 2: area x n]
+    [chunk flags 256 KiB][chunked slot 0: area A x n, area B x n][chunked slot 1: the same]
 
 An area receives one source's data for one phase of one call: LL packets (16 bytes per 8
 bytes of payload: at most area_bytes / 2 of payload) or bulk data (at most area_bytes).
 Lamport areas (csrc/lamport.cuh, docs/lamport.md) hold data 1:1 and start filled with the
 sentinel (0xFF bytes); they are separate from the LL/bulk areas, which hold packets and zeros
-where these must hold the sentinel wherever no data is due.
+where these must hold the sentinel wherever no data is due. The chunked areas (the pipelined
+two-shot, csrc/chunked.cuh) hold plain data 1:1 and are shared with nobody, so nothing needs
+zeroing after them; their per-chunk flags start at zero.
 Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
-pointers). Memory per GPU: sum over regions of flags + (4 + 3) * n * area_bytes.
+pointers). Memory per GPU: sum over regions of flags + (4 + 3 + 4) * n * area_bytes.
 
 Each region also has a small local state (call counter, block counter, abort flag; Lamport
 slot and units used) in device memory; the error word is shared by the communicator and
@@ -29,8 +32,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from .abi import (FLAG_BYTES, LAMPORT_SLOTS, LAMPORT_STATE_WORDS, MAX_BLOCKS, MAX_RANKS, STATE_WORDS, GroupArgs,
-                  LamportArgs, decode_error)
+from .abi import (CHUNK_FLAG_BYTES, FLAG_BYTES, LAMPORT_SLOTS, LAMPORT_STATE_WORDS, MAX_BLOCKS, MAX_RANKS,
+                  STATE_WORDS, GroupArgs, LamportArgs, decode_error)
 from .groups import Group, leg_name, member_sets
 from .layout import GROUP_NAMES, Layout
 from .ops import LAMPORT, LL
@@ -43,8 +46,13 @@ def ll_bytes(members: int, area_bytes: int) -> int:
     return FLAG_BYTES + 2 * 2 * members * area_bytes
 
 
-def region_bytes(members: int, area_bytes: int) -> int:
+def chunked_offset(members: int, area_bytes: int) -> int:
+    """Where the chunked section starts in a region (csrc/chunked.cuh chunked_section)."""
     return ll_bytes(members, area_bytes) + LAMPORT_SLOTS * members * area_bytes
+
+
+def region_bytes(members: int, area_bytes: int) -> int:
+    return chunked_offset(members, area_bytes) + CHUNK_FLAG_BYTES + 2 * 2 * members * area_bytes
 
 
 def region_groups(layout: Layout) -> tuple[dict[str, tuple], str | None]:
@@ -80,7 +88,8 @@ def describe_plan(layout: Layout, area_bytes: int) -> str:
     plan = memory_plan(layout, area_bytes)
     total = sum(p[2] for p in plan)
     lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer and slot: "
-             f"2 slots x 2 phases LL/bulk, 3 slots Lamport; {LL.capacity(area_bytes) >> 10} KiB of LL, "
+             f"2 slots x 2 phases LL/bulk, 3 slots Lamport, 2 slots x 2 phases chunked; "
+             f"{LL.capacity(area_bytes) >> 10} KiB of LL, "
              f"{LAMPORT.capacity(area_bytes) >> 10} KiB of Lamport payload per peer and call)"]
     lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
     return "\n".join(lines)
@@ -116,7 +125,9 @@ class Workspace:
             offsets[key] = self.total_bytes
             sizes[key] = region_bytes(len(key[0]), area_bytes)
             self.total_bytes += sizes[key]
-        sentinels = [(offsets[k] + ll_bytes(len(k[0]), area_bytes), offsets[k] + sizes[k]) for k in partitions]
+        # Lamport areas: from the end of the LL/bulk slots to the chunked section
+        sentinels = [(offsets[k] + ll_bytes(len(k[0]), area_bytes),
+                      offsets[k] + chunked_offset(len(k[0]), area_bytes)) for k in partitions]
         # Peers share memory inside a node only: the rendezvous is over this rank's node.
         node = groups.get(leg_name("world", "node")) if layout.num_nodes > 1 else None
         peers = dict(zip(node.ranks, self._rendezvous(device, node.pg, sentinels))) if node else \

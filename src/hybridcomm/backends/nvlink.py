@@ -19,7 +19,8 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import LAMPORT, LL, OPS, Protocol, op_name
+from ..ops import CHUNKED, LAMPORT, LL, OPS, Protocol, op_name
+from ..pipeline import PipelineParams, params_for
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
 from ..workspace import DEFAULT_AREA_BYTES, Workspace
@@ -37,6 +38,8 @@ class NvlinkBackend:
                                    workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
         self.two_step = TwoStep(comm)  # the composed algorithm: two of comm's own ops
         self.handles: dict[str, int] = {}
+        # The pipelined two-shot's chunk size and blocks: None = pipeline.PIPELINE_TABLE by size.
+        self.pipeline: PipelineParams | None = None
         if self.workspace.args:
             lib = build.load(build.device_arch())
             self.handles = {name: kernels.register_group(lib, args, self.workspace.lamport_args[name])
@@ -56,8 +59,8 @@ class NvlinkBackend:
         alg = spec.algorithm(algorithm)
         if alg.composed:
             return None  # each step is selected (and checked, or sent to NCCL) on its own
-        if alg.protocol is LAMPORT and x.dtype not in DTYPE_CODE:
-            return f"the Lamport protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
+        if alg.protocol in (LAMPORT, CHUNKED) and x.dtype not in DTYPE_CODE:
+            return f"the {alg.protocol.name} protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
         if spec.shape == "flat":
             nbytes = x.numel() * x.element_size()
             if nbytes % ROW_ALIGN_BYTES:
@@ -68,13 +71,13 @@ class NvlinkBackend:
                 return f"rows of {row_bytes} bytes are not a multiple of {ROW_ALIGN_BYTES}"
             nbytes = (max(sizes.host) if sizes.host is not None else x.shape[0]) * row_bytes
         per_peer = spec.per_peer_bytes(alg, nbytes, group.size)
-        capacity = self._protocol(spec, alg).capacity(self.workspace.area_bytes)
-        if per_peer > capacity:
+        capacity = self._bounding_protocol(spec, alg).capacity(self.workspace.area_bytes)
+        if per_peer > capacity and not alg.sliced:
             return (f"{op}/{algorithm} sends {per_peer} bytes to a peer; the workspace takes "
                     f"{capacity} (raise workspace_bytes)")
         return None
 
-    def _protocol(self, spec, alg) -> Protocol:
+    def _bounding_protocol(self, spec, alg) -> Protocol:
         """The protocol whose areas bound the call: the algorithm's, except for the quantized
         gathers' partial rows (gather_tokens with attention TP > 1), which reach their owner on
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
@@ -89,6 +92,9 @@ class NvlinkBackend:
     def all_reduce(self, x, group: Group, algorithm):
         if _is_lamport("all_reduce", algorithm):
             return kernels.call("lamport_all_reduce", x, self.handles[group.name], self.pdl)
+        if _protocol("all_reduce", algorithm) is CHUNKED:
+            p = self._pipeline(x.numel() * x.element_size())
+            return kernels.call("all_reduce_pipelined", x, self.handles[group.name], p.chunk_bytes, p.blocks, self.pdl)
         return kernels.call("all_reduce", x, self.handles[group.name], _code("all_reduce", algorithm), self.pdl)
 
     def all_gather_v(self, x, sizes: Sizes, group: Group, algorithm, quant=None):
@@ -96,11 +102,25 @@ class NvlinkBackend:
         if quant is not None:
             return self._quant_gather(x, sizes, group, 1, True, None, quant, OpCode.ALL_GATHER_V, out_rows,
                                       "all_gather_v_quant", algorithm)
+        if _protocol("all_gather_v", algorithm) is CHUNKED:
+            return self._pipelined_rows("all_gather_v", x, sizes, group, out_rows, out_rows)
         name = "lamport_all_gather_v" if _is_lamport("all_gather_v", algorithm) else "all_gather_v"
         return kernels.call(name, x, *_gather_sizes(sizes), self.handles[group.name], out_rows, self.pdl)
 
+    def _pipeline(self, nbytes: int) -> PipelineParams:
+        """The pipelined algorithms' chunk size and blocks: the override, else by message size."""
+        return self.pipeline or params_for(nbytes)
+
+    def _pipelined_rows(self, op: str, x, sizes: Sizes, group: Group, out_rows: int, message_rows: int):
+        """A pipelined one-shot over rows; message_rows: the rows of the op's message tensor."""
+        p = self._pipeline(message_rows * math.prod(x.shape[1:]) * x.element_size())
+        return kernels.call(f"{op}_pipelined", x, sizes.device, list(sizes.host or ()), self.handles[group.name],
+                            out_rows, p.chunk_bytes, p.blocks, self.pdl)
+
     def reduce_scatter_v(self, x, sizes: Sizes, group: Group, algorithm):
         out_rows = result_rows(sizes, group.index, x.shape[0], gathered=False)
+        if _protocol("reduce_scatter_v", algorithm) is CHUNKED:
+            return self._pipelined_rows("reduce_scatter_v", x, sizes, group, out_rows, x.shape[0])
         if _is_lamport("reduce_scatter_v", algorithm):
             return kernels.call("lamport_reduce_scatter_v", x, sizes.device, list(sizes.host or ()),
                                                                  self.handles[group.name], out_rows, self.pdl)
@@ -200,7 +220,7 @@ MISMATCH_WORDS = {
     CallField.DTYPE: "dtype",
     CallField.ALGORITHM: "algorithm (other sizes or another selection table? or Lamport slots out of step "
                          "since an earlier mismatch: docs/lamport.md)",
-    CallField.VARIANT: "attn_tp / partial",
+    CallField.VARIANT: "attn_tp / partial (all_reduce: the pipelined two-shot's chunk size)",
     CallField.COUNTS: "row counts (sizes)",
     CallField.WIDTH: "row width in bytes (all_reduce: message bytes)",
 }
@@ -216,8 +236,13 @@ def _gather_sizes(sizes: Sizes) -> tuple:
 
 # Facts of the op table looked up on every call: cached (OPS is fixed at import).
 @functools.cache
+def _protocol(op: str, algorithm: str):
+    return OPS[op].algorithm(algorithm).protocol
+
+
+@functools.cache
 def _is_lamport(op: str, algorithm: str) -> bool:
-    return OPS[op].algorithm(algorithm).protocol is LAMPORT
+    return _protocol(op, algorithm) is LAMPORT
 
 
 @functools.cache

@@ -49,6 +49,20 @@ constexpr int kLamportStateWords = 3;  // uint32 words of a group's local Lampor
 // raise ArgumentMismatch; and ranks whose Lamport slots went out of step (after such a call)
 // keep raising it rather than reading a stale slot (docs/lamport.md).
 constexpr int kLamportOneShot = 8;
+// Chunked (the pipelined two-shot, chunked.cuh): plain 16-byte stores into areas of their own
+// (2 slots x 2 phases x members per group region, after the Lamport slots), one release flag
+// per (phase, source, chunk) ahead of them; chunk sizes are powers of two in
+// [kMinChunkBytes, kMaxChunkBytes], raised where a source's part would need more than
+// kMaxChunks chunks.
+constexpr int kChunkedUnitBytes = 16;
+constexpr int kChunkedWireFactor = 1;
+constexpr int kMaxChunks = 4096;
+constexpr int kChunkFlagBytes = 2 * kMaxRanks * kMaxChunks * 4;
+constexpr int kMinChunkBytes = 1024;
+constexpr int kMaxChunkBytes = 512 * 1024;
+// The fingerprint's algorithm field of the pipelined one-shots on the chunked protocol (row
+// ops): differs from the LL one-shot's 0 and the Lamport one-shot's kLamportOneShot + slot.
+constexpr int kChunkedOneShot = 4;
 
 // The capacity rule (ops.py `Protocol.fits` is its host mirror): what one source sends one
 // peer in one phase must fit one receive area.
@@ -59,7 +73,10 @@ HC_HOST_DEVICE inline bool fits_area(int64_t payload_bytes, int wire_factor, uin
 // -- codes -----------------------------------------------------------------------------------
 enum Op : int { kAllReduce = 1, kAllGatherV = 2, kReduceScatterV = 3, kGatherTokens = 4, kScatterTokens = 5 };
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-enum AllReduceAlgorithm : int { kAllReduceOneShot = 0, kAllReduceTwoShot = 1, kAllReduceTwoShotBulk = 2 };
+// kAllReduceTwoShotPipelined has its own launcher (hc_all_reduce_pipelined); its code is the
+// fingerprint's algorithm field there.
+enum AllReduceAlgorithm : int { kAllReduceOneShot = 0, kAllReduceTwoShot = 1, kAllReduceTwoShotBulk = 2,
+                                kAllReduceTwoShotPipelined = 3 };
 enum GatherTokensAlgorithm : int { kGatherTokensOneShot = 0, kGatherTokensTwoShot = 1, kGatherTokensFused = 2 };
 enum ScatterTokensAlgorithm : int { kScatterTokensOneShot = 0, kScatterTokensTwoShot = 1 };
 // Quantized gathers (hybridcomm.quant.formats): the format, and the largest hidden size (a row
@@ -88,7 +105,8 @@ HC_HOST_DEVICE inline unsigned long long pack_error(uint32_t code, int op, int g
 
 // -- the call fingerprint: what every rank of a group must agree on for one call -------------
 // 64 bits, sent to every peer in the first packet of a call (call.cuh). Fields from the top:
-// op | dtype | algorithm | variant (transitions: attn_tp - 1 | partial << 3) | counts hash | width
+// op | dtype | algorithm | variant (transitions: attn_tp - 1 | partial << 3; pipelined all_reduce:
+// log2(chunk bytes / kMinChunkBytes)) | counts hash | width
 // (row bytes; all_reduce: message bytes), so the first field that differs is the most telling.
 enum CallField : int { kFieldOp = 1, kFieldDType = 2, kFieldAlgorithm = 3, kFieldVariant = 4, kFieldCounts = 5,
                        kFieldWidth = 6 };

@@ -96,20 +96,12 @@ __device__ __forceinline__ void all_reduce_two_shot_bulk(const CallCtx& cx, cons
   int64_t mine, my_len;
   chunk(me, mine, my_len);
   for (int64_t u = lo + threadIdx.x; u < min(hi, my_len); u += blockDim.x) {
-    uint2 lo_lanes[kMaxRanks], hi_lanes[kMaxRanks];
+    uint4 v[kMaxRanks];
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {
-      if (s < n) {
-        const uint4 v = s == me ? in[mine + u] : take_unit(cx.inbox(0, s) + u);
-        lo_lanes[s] = make_uint2(v.x, v.y);
-        hi_lanes[s] = make_uint2(v.z, v.w);
-      }
+      if (s < n) v[s] = s == me ? in[mine + u] : take_unit(cx.inbox(0, s) + u);
     }
-    float a[4], b[4];
-    sum_lanes<T>(lo_lanes, n, a);
-    sum_lanes<T>(hi_lanes, n, b);
-    const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
-    const uint4 r = make_uint4(ra.x, ra.y, rb.x, rb.y);
+    const uint4 r = sum_units<T>(v, n);
     out[mine + u] = r;
     cx.everyone().for_each_other([&](int peer) { cx.outbox(peer, 1)[u] = r; });
   }

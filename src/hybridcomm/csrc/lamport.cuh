@@ -61,22 +61,6 @@ __device__ __forceinline__ bool try_get_unit(const uint4* src, uint4& v) {
   return v.x != kSentinelWord && v.y != kSentinelWord && v.z != kSentinelWord && v.w != kSentinelWord;
 }
 
-// Sum of 16-byte units over sources 0..n-1 in order, fp32, rounded once (lanes.cuh sum_lanes).
-template <typename T>
-__device__ __forceinline__ uint4 sum_units(const uint4 (&v)[kMaxRanks], int n) {
-  uint2 lo[kMaxRanks], hi[kMaxRanks];
-#pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) {
-    lo[s] = make_uint2(v[s].x, v[s].y);
-    hi[s] = make_uint2(v[s].z, v[s].w);
-  }
-  float a[4], b[4];
-  sum_lanes<T>(lo, n, a);
-  sum_lanes<T>(hi, n, b);
-  const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
-  return make_uint4(ra.x, ra.y, rb.x, rb.y);
-}
-
 // Unit i of a buffer holding `units` units, with the reserved pattern fixed; zeros beyond it.
 template <typename T>
 __device__ __forceinline__ uint4 load_unit(const uint4* __restrict__ p, int64_t i, int64_t units) {

@@ -61,11 +61,12 @@ struct Lane<__nv_bfloat16> {
 
 // Sum of lanes in source order, fp32: ((v0 + v1) + v2) + ... -- the reference's order, so the
 // bits match it. The first source initialises the sum (0 + -0 would lose the sign of zero).
-template <typename T>
-__device__ __forceinline__ void sum_lanes(const uint2 (&v)[kMaxRanks], int n, float (&acc)[4]) {
+// Sources: the first n of the N entries (N: kMaxRanks, or a kernel's compile-time group size).
+template <typename T, int N>
+__device__ __forceinline__ void sum_lanes(const uint2 (&v)[N], int n, float (&acc)[4]) {
   Lane<T>::unpack(v[0], acc);
 #pragma unroll
-  for (int s = 1; s < kMaxRanks; ++s) {
+  for (int s = 1; s < N; ++s) {
     if (s < n) {
       float f[4];
       Lane<T>::unpack(v[s], f);
@@ -73,6 +74,22 @@ __device__ __forceinline__ void sum_lanes(const uint2 (&v)[kMaxRanks], int n, fl
       for (int k = 0; k < Lane<T>::kN; ++k) acc[k] += f[k];
     }
   }
+}
+
+// Sum of 16-byte units (two lanes each) over sources 0..n-1 in order, fp32, rounded once to T.
+template <typename T, int N>
+__device__ __forceinline__ uint4 sum_units(const uint4 (&v)[N], int n) {
+  uint2 lo[N], hi[N];
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    lo[s] = make_uint2(v[s].x, v[s].y);
+    hi[s] = make_uint2(v[s].z, v[s].w);
+  }
+  float a[4], b[4];
+  sum_lanes<T>(lo, n, a);
+  sum_lanes<T>(hi, n, b);
+  const uint2 ra = Lane<T>::pack(a), rb = Lane<T>::pack(b);
+  return make_uint4(ra.x, ra.y, rb.x, rb.y);
 }
 
 // Lane i summed over sources 0..n-1 in order, in fp32. Source `self` (-1: none) is `local`;

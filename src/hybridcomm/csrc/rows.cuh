@@ -89,19 +89,26 @@ __device__ __forceinline__ RowCounts load_counts(const SizesArg& s, int n) {
   return r;
 }
 
-// Row counts, checked against the area size (LL rows of row_lanes lanes). Every rank reaches
-// the same verdict (same sizes, same area size), so on overflow nobody sends and nobody
-// waits: the counts become zero and the error is recorded for the host (CapacityExceeded).
-__device__ __forceinline__ RowCounts load_counts_checked(const CallCtx& cx, const SizesArg& s, int n,
-                                                         int64_t row_lanes) {
+// Row counts, checked against an area of `area_bytes` that holds payload at `wire_factor` area
+// bytes per byte (rows of row_bytes). Every rank reaches the same verdict (same sizes, same
+// area size), so on overflow nobody sends and nobody waits: the counts become zero and the
+// error is recorded for the host (CapacityExceeded).
+__device__ __forceinline__ RowCounts load_counts_within(const CallCtx& cx, const SizesArg& s, int n, int64_t row_bytes,
+                                                        int wire_factor, uint64_t area_bytes) {
   RowCounts rc = load_counts(s, n);
-  if (!fits_area(rc.max * row_lanes * kLLUnitBytes, kLLWireFactor, cx.g.area_bytes)) {
+  if (!fits_area(rc.max * row_bytes, wire_factor, area_bytes)) {
     if (grid_thread() == 0) cx.fail(kCapacity, cx.g.me);
     const uint32_t hash = rc.hash;
     rc = RowCounts{};
     rc.hash = hash;
   }
   return rc;
+}
+
+// The same for LL rows of row_lanes lanes in the LL/bulk areas.
+__device__ __forceinline__ RowCounts load_counts_checked(const CallCtx& cx, const SizesArg& s, int n,
+                                                         int64_t row_lanes) {
+  return load_counts_within(cx, s, n, row_lanes * kLLUnitBytes, kLLWireFactor, cx.g.area_bytes);
 }
 
 // Counts beyond this rank's own buffers: every access is guarded, so record and carry on
