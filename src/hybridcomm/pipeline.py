@@ -41,12 +41,14 @@ class PipelineParams:
 
 
 # (largest message in bytes, params) in increasing size; the last holds every larger message.
-# Unmeasured first guesses (about 16 or more chunks per shard, 16-32 blocks on 2-4 GPUs);
-# to be replaced by the sweep's winners.
+# From `scripts/pipeline_sweep.py --world 2` on 2x H200 (results/2xH200/pipelined/README.md):
+# the most blocks won at every size from 2 MiB (NVLink wants every SM's stores in flight;
+# MAX_BLOCKS is capped at the SM count), 16 KiB chunks at 2-4 MiB, 64 KiB from 8 MiB (256 KiB
+# only wins where one call holds 64 MiB, which the default workspace does not). Not measured
+# on 4 GPUs, nor below 2 MiB, where the table never picks this algorithm.
 PIPELINE_TABLE: tuple[tuple[int | None, PipelineParams], ...] = (
-    (1 * MiB, PipelineParams(8 * KiB, 16)),
-    (4 * MiB, PipelineParams(16 * KiB, 32)),
-    (None, PipelineParams(64 * KiB, 32)),
+    (4 * MiB, PipelineParams(16 * KiB, MAX_BLOCKS)),
+    (None, PipelineParams(64 * KiB, MAX_BLOCKS)),
 )
 
 
