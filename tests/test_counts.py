@@ -87,13 +87,15 @@ def _own_count_left_to_the_kernel_or_exchanged():
     real = dist.all_gather_into_tensor
     dist.all_gather_into_tensor = lambda *a, **k: calls.append(a) or real(*a, **k)
     try:
-        left = hc.Counts(own())
-        s = counts_mod.in_kernel(left, world, cpu)
-        assert s.own is not None and tuple(s.device.shape) == (n,) and s.device.dtype == torch.int32
-        assert comm._settle_counts(left, s, "gather_tokens", kernel, "one_shot_lamport", world) is s
-        assert left.sizes is s.device and left.group == "world" and not calls  # for the kernel to fill
-        assert counts_mod.in_kernel(left, world, cpu) is None  # exchanged (by that kernel) once
-        for op, backend, algorithm in (("gather_tokens_quant", kernel, "quant"),
+        for op, algorithm in (("gather_tokens", "one_shot_lamport"), ("gather_tokens_quant", "quant"),
+                              ("gather_tokens_quant", "quant_lamport")):
+            left = hc.Counts(own())
+            s = counts_mod.in_kernel(left, world, cpu)
+            assert s.own is not None and tuple(s.device.shape) == (n,) and s.device.dtype == torch.int32
+            assert comm._settle_counts(left, s, op, kernel, algorithm, world) is s
+            assert left.sizes is s.device and left.group == "world" and not calls  # for the kernel to fill
+            assert counts_mod.in_kernel(left, world, cpu) is None  # exchanged (by that kernel) once
+        for op, backend, algorithm in (("scatter_tokens", kernel, "one_shot"),
                                        ("gather_tokens", comm.backends["reference"], None)):
             before = len(calls)
             now = hc.Counts(own())

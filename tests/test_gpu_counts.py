@@ -14,6 +14,11 @@ norm within one rounding) and against the reference backend given the same Count
   counts and new data;
 - a count beyond the capacity: CapacityExceeded on every rank; attn-TP ranks of one DP group
   that pass different counts: ArgumentMismatch on every rank; the next call works.
+
+The quantized gathers (every algorithm: quant, quant_one_hop, quant_lamport; every format;
+gather_tokens reduced, replicated and fused, all_gather_v) in CUDA graphs replayed with new own
+counts: data and scales bit for bit against the quantized oracle, the learned counts, no
+all-gather; and the two errors above with quant="fp8".
 """
 
 import random
@@ -25,6 +30,8 @@ from conftest import needs_gpus
 from test_gpu import MAIN_LAYOUTS, MIXED_LAYOUT, WORLD
 from hybridcomm.check import (Case, capture, communicator, compare, expected, fusion_inputs, member_input,
                               replay_sizes)
+from hybridcomm.quant import FORMATS
+from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, quant_replay_check, trim
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -275,10 +282,10 @@ def test_one_graph_of_gather_and_scatter_replays_200_times_with_new_own_counts(p
 
 
 # -- errors ------------------------------------------------------------------------------------------
-def _bad_counts(layout, table: str, kind: str):
+def _bad_counts(layout, table: str, kind: str, quant: str | None = None):
     """kind "capacity": DP group 0 passes more rows than its input holds; "differ": the attn-TP
     ranks of DP group 0 pass different counts. Returns (what check_errors raised, whether
-    the next call with good counts matched the oracle)."""
+    the next call with good counts matched the oracle). quant: the gathers quantize so."""
     import hybridcomm as hc
 
     comm = communicator(layout, "auto", table)
@@ -290,32 +297,85 @@ def _bad_counts(layout, table: str, kind: str):
     mine = sizes[c.attn_dp_rank]
     if c.attn_dp_rank == 0:
         mine = CAPACITY + 1 if kind == "capacity" else mine + c.attn_tp_rank
-    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)))
+    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), quant=quant)
     try:
         comm.check_errors()
         raised = None
     except (hc.CapacityExceeded, hc.ArgumentMismatch) as e:
         raised = f"{type(e).__name__}: {e}"
     counts = hc.Counts(torch.tensor([sizes[c.attn_dp_rank]], dtype=torch.int32, device=device))
-    got = comm.gather_tokens(x, counts)[: sum(sizes)]
+    got = comm.gather_tokens(x, counts, quant=quant)
     comm.check_errors()
-    return raised, compare(got, expected(case, rank, device), "sums") == ""
+    if quant is None:
+        return raised, compare(got[: sum(sizes)], expected(case, rank, device), "sums") == ""
+    want, _, rows, _ = oracle(QuantCase(case, quant), rank, device)
+    return raised, compare_quantized(trim(got, sum(sizes)), want, rows) == ""
+
+
+QUANT_TABLES = ("quant_ll", "quant_one_hop", "lamport")  # each quantized algorithm forced
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", TABLES + QUANT_TABLES)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
 def test_a_count_beyond_the_capacity_raises_on_every_rank(pool, layout, table):
-    for rank, (raised, ok) in enumerate(pool(WORLD, "cuda").run(_bad_counts, layout, table, "capacity", timeout=120)):
+    quant = "fp8" if table in QUANT_TABLES else None
+    per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "capacity", quant, timeout=120)
+    for rank, (raised, ok) in enumerate(per_rank):
         assert raised is not None and raised.startswith("CapacityExceeded"), f"rank {rank}: {raised}"
         assert ok, f"rank {rank}: the next call did not match the oracle"
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", TABLES + QUANT_TABLES)
 @pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.attn_tp > 1], ids=lambda lay: lay.name)
 def test_attn_tp_ranks_passing_different_counts_raise_on_every_rank(pool, layout, table):
-    for rank, (raised, ok) in enumerate(pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", timeout=120)):
+    quant = "fp8" if table in QUANT_TABLES else None
+    per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", quant, timeout=120)
+    for rank, (raised, ok) in enumerate(per_rank):
         assert raised is not None and raised.startswith("ArgumentMismatch") and "row counts" in raised, \
             f"rank {rank}: {raised}"
         assert ok, f"rank {rank}: the next call did not match the oracle"
+
+
+# -- quantized gathers ---------------------------------------------------------------------------
+QUANT_VARIANTS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("gather_tokens", True, True),
+                  ("all_gather_v", True, False)]
+
+
+def _quant_own_counts(qcases, table: str, replays: int) -> list[dict]:
+    """quant_replay_check with own counts for each case, counting the all-gathers torch.distributed
+    runs meanwhile (none: the kernel exchanges the counts)."""
+    results = []
+    for q in qcases:
+        communicator(q.case.layout, "auto", table)  # created (collectively) before counting
+        counter = AllGatherCounter()
+        try:
+            result = quant_replay_check(q, replays, CAPACITY, 7, table, own_counts=True)
+        finally:
+            counter.close()
+        results.append(dict(result, all_gathers=counter.calls))
+    return results
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("table,algorithm", list(zip(QUANT_TABLES, ("quant", "quant_one_hop", "quant_lamport"))))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quantized_gathers_exchange_the_counts_in_the_kernel_over_graph_replays(pool, fmt, table, algorithm):
+    qcases = []
+    for layout in MAIN_LAYOUTS:
+        for op, partial, fused in QUANT_VARIANTS:
+            n = layout.attn_dp if op == "gather_tokens" else WORLD
+            qcases.append(QuantCase(Case(op, layout, (1,) * n, row_shape=(512,), dtype="bfloat16", data="randn",
+                                         partial=partial, fused=fused, device_sizes=True), fmt))
+    per_rank = pool(WORLD, "cuda").run(_quant_own_counts, qcases, table, 20, timeout=600)
+    failures = []
+    for rank, results in enumerate(per_rank):
+        for q, res in zip(qcases, results):
+            what = f"rank {rank}: {q.describe()}"
+            failures += [f"{what}: {f}" for f in res["failures"]]
+            if res["all_gathers"]:
+                failures.append(f"{what}: {res['all_gathers']} all-gathers (the kernel should exchange the counts)")
+            if res["ran"] != f"nvlink/{algorithm}":
+                failures.append(f"{what}: ran {res['ran']}")
+    assert not failures, "\n".join(failures[:20])

@@ -212,10 +212,10 @@ SIGNATURES = {
     "hc_gather_tokens": [_G, _I, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_scatter_tokens": [_G, _I, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     # quantized gather (quant_gather.cu)
-    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I,
-                        _P],
-    "hc_lamport_quant_gather": [_G, _L, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _I64, _I64,
-                                _I64, _I, _P],
+    "hc_quant_gather": [_G, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _I64, _I64, _I64,
+                        _I, _P],
+    "hc_lamport_quant_gather": [_G, _L, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P, _F, _P, _P, _P, _P, _P, _P, _I64,
+                                _I64, _I64, _I, _P],
     # the quantizers' element conversions (element_codes.cu, for tests)
     "hc_element_codes": [_I, _P, _P, _I64, _P],
     # Lamport one-shots (lamport_*.cu)

@@ -15,14 +15,14 @@ launch, no host sync, capturable: a graph replays with new counts. The kernel wr
 member's count into `counts.sizes` (a device int32 tensor), and the op's result has capacity
 rows as with device-side sizes. Which algorithms can: `ops.Algorithm.own_count` (the LL and
 Lamport one-shots of both gathers, gather_tokens' two-shot and fused norm, and its two_step,
-whose all_gather_v step exchanges the chunk counts; not the quantized gather). There the kernel
+whose all_gather_v step exchanges the chunk counts, and the quantized gathers' kernels, which
+learn the counts before their rows rather than after). There the kernel
 checks that the attn-TP ranks of each DP group passed the same count (else ArgumentMismatch on
 every rank; two_step: on that group's ranks, from its reduce_scatter_v step, and only when
 partial) and that every count fits its rank's input rows and the workspace (else
 CapacityExceeded on every rank).
 
-Everywhere else -- an int, the reference and NCCL backends, the quantized gather, groups
-across nodes, `Communicator(validate=True)` (whose check compares every count), a Counts
+Everywhere else -- an int, the reference and NCCL backends, groups across nodes, `Communicator(validate=True)` (whose check compares every count), a Counts
 first given to a scatter -- the count is exchanged before the op, as before: an int through a
 small all-gather read back to the host (one sync on GPU; the op then sees host sizes, exactly
 as if the caller had passed the list); a device tensor device to device

@@ -95,8 +95,8 @@ _lib.define("all_reduce_pipelined(Tensor x, int group, int chunk_bytes, int bloc
 for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
     _lib.define(f"{_name}(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, int chunk_bytes, "
                 "int blocks, bool pdl) -> Tensor")
-_lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? residual, Tensor? weight, float eps, "
-            "Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows, int algorithm, "
+_lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, "
+            "Tensor? residual, Tensor? weight, float eps, Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows, int algorithm, "
             "bool lamport, bool pdl) -> (Tensor, Tensor, Tensor)")
 
 
@@ -201,8 +201,8 @@ def _quant_outputs(x, format, out_rows):
     return data, scales
 
 
-def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, group, tp, partial, op, format, out_rows,
-                 algorithm, lamport, pdl):
+def quant_gather(x, sizes, host_sizes, own, learned, residual, weight, eps, global_scale, group, tp, partial, op,
+                 format, out_rows, algorithm, lamport, pdl):
     """gather_tokens / all_gather_v with quantized rows (csrc/quant_gather.cu on LL packets, or
     with `lamport` csrc/lamport_quant_gather.cu on the group's Lamport areas; `algorithm`: an
     abi.QuantGatherAlgorithm); returns (data, scales, residual_out), residual_out empty unless
@@ -210,14 +210,14 @@ def quant_gather(x, sizes, host_sizes, residual, weight, eps, global_scale, grou
     lib, args = _groups[group]
     data, scales = _quant_outputs(x, format, out_rows)
     residual_out = _new(residual.shape, x) if residual is not None else x.new_empty((0,))
-    dev, host = _sizes(sizes, host_sizes)
+    dev, host, mine = _gather_sizes(sizes, host_sizes, own, learned)
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     launcher = functools.partial(lib.hc_lamport_quant_gather, args, _lamport[group]) if lamport else \
         functools.partial(lib.hc_quant_gather, args)
     _launch("quant_gather", launcher(
         algorithm, format, DTYPE_CODE[x.dtype], tp, int(partial), op, x.data_ptr(), ptr(residual), ptr(weight),
         residual_out.data_ptr() if residual is not None else None, eps, ptr(global_scale),
-        data.data_ptr(), scales.data_ptr(), dev, host, x.shape[1], x.shape[0], out_rows, int(pdl), _stream(x)))
+        data.data_ptr(), scales.data_ptr(), dev, host, mine, x.shape[1], x.shape[0], out_rows, int(pdl), _stream(x)))
     return data, scales, residual_out
 
 
@@ -312,7 +312,7 @@ torch.library.register_fake("hybridcomm::gather_tokens")(
 torch.library.register_fake("hybridcomm::gather_tokens_norm")(
     lambda x, s, h, own, learned, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
 torch.library.register_fake("hybridcomm::quant_gather")(
-    lambda x, s, h, r, w, e, gs, g, tp, p, op, format, out_rows, algorithm, lamport, pdl:
+    lambda x, s, h, own, learned, r, w, e, gs, g, tp, p, op, format, out_rows, algorithm, lamport, pdl:
     _quant_outputs(x, format, out_rows)
     + ((torch.empty_like(r) if r is not None else x.new_empty((0,))),))
 torch.library.register_fake("hybridcomm::scatter_tokens")(

@@ -92,9 +92,10 @@ ONE_SHOT_LAMPORT = Algorithm("one_shot_lamport", None, LAMPORT)
 # A one-shot pipelined in chunks on the chunked protocol (its own launcher; chunk size and blocks
 # from pipeline.py): all_gather_v, reduce_scatter_v.
 ONE_SHOT_PIPELINED = Algorithm("one_shot_pipelined", None, CHUNKED)
-# The gathers' kernels learn the others' counts after their first sends (csrc/own_count.cuh);
-# scatters and reductions need every count before they send, and the quantized gather has
-# not been taught (a Counts reaching them is exchanged first, counts.py).
+# The gathers' kernels learn the others' counts after their first sends (csrc/own_count.cuh; the
+# quantized ones before their rows, whose place in the output needs them); scatters and
+# reductions need every count before they send (a Counts reaching them is exchanged first,
+# counts.py).
 OWN = {"own_count": True}
 # The transitions as two row ops (two_step.py): gather = reduce_scatter_v(attn-TP) +
 # all_gather_v(world), scatter = reduce_scatter_v(world) + all_gather_v(attn-TP). Last in the
@@ -105,9 +106,9 @@ TWO_STEP = Algorithm("two_step", None, composed=True)
 # quant_lamport: a row's owner sums its partial rows and sends it quantized (two hops, fewest
 # bytes); quant_one_hop: every attention-TP rank sums and quantizes every row of its DP group
 # itself, so rows of its own group take one hop (attn_tp = 1: the same as quant).
-QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER),
-                    Algorithm("quant_one_hop", abi.QuantGatherAlgorithm.ONE_HOP),
-                    Algorithm("quant_lamport", abi.QuantGatherAlgorithm.OWNER, LAMPORT))
+QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER, **OWN),
+                    Algorithm("quant_one_hop", abi.QuantGatherAlgorithm.ONE_HOP, **OWN),
+                    Algorithm("quant_lamport", abi.QuantGatherAlgorithm.OWNER, LAMPORT, **OWN))
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),

@@ -184,7 +184,7 @@ class NvlinkBackend:
         the Lamport protocol or LL; `spec`: the quantized op whose `algorithm` runs)."""
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
         data, scales, residual_out = kernels.call(
-            "quant_gather", x, sizes.device, list(sizes.host or ()), residual, weight, eps, quant.global_scale,
+            "quant_gather", x, *_gather_sizes(sizes), residual, weight, eps, quant.global_scale,
             self.handles[group.name], tp, partial, op, quant.format.code, out_rows, _code(spec, algorithm),
             _is_lamport(spec, algorithm), self.pdl)
         rows = QuantizedRows(data, scales, quant.format.name, quant.global_scale)

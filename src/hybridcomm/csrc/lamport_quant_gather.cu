@@ -22,6 +22,7 @@
 // (eight -0 codes, which the quantizer never writes: zero is always code 0) and are swapped
 // back on receipt.
 #include "lamport.cuh"
+#include "own_count.cuh"
 #include "quant_rows.cuh"
 
 namespace hc {
@@ -115,7 +116,7 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
       });
 }
 
-// M: the RowMode (quant_rows.cuh).
+// M: the RowMode (quant_rows.cuh). io.sizes.own set: own-count mode (as in quant_gather.cu).
 template <typename T, int F, int KL, int M>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int algorithm, int tp,
@@ -133,14 +134,18 @@ __global__ void __launch_bounds__(kThreads)
   const RowInput<T, F, KL> early =
       early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  const TokenShape s = quant_token_shape(lc, tp, plan.reduce, io, w.wire_units);
+  const bool own = io.sizes.own != nullptr;
+  TokenShape s = quant_token_shape(lc, tp, plan.reduce, own ? counted<true>(io, g.me / tp) : io, w.wire_units);
+  if (own) s.rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // The algorithm field holds the Lamport slot, so the quantized gathers' fields go in the
   // width's high byte (row bytes are below 2^16).
   const uint64_t width = (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(plan.fused, plan.replicated) << 24;
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
+  if (own) publish_own_count(lc.cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL>(lc.cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
+                          [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
                             put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
                           });
@@ -167,12 +172,14 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
                                        int tp, int partial, int op, const void* in, const void* residual,
                                        const void* weight, void* residual_out, float eps, const float* global_scale,
                                        void* out_data, void* out_scales, const int32_t* sizes_device,
-                                       const int32_t* sizes_host, int64_t hidden, int64_t in_rows, int64_t out_rows,
-                                       int pdl, cudaStream_t stream) {
-  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
+                                       const int32_t* sizes_host, const int32_t* own_count, int64_t hidden,
+                                       int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
+  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count))
+    return (int)cudaErrorInvalidValue;
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
-    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
+    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,
+                                own_count);
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
     const int mode = row_mode(weight != nullptr, partial, tp);
     const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_units);

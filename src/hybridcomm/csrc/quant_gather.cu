@@ -13,6 +13,7 @@
 //   phase 1: every rank copies the wire rows it did not quantize into data / scales.
 //
 // Device-side counts, capacity checks and bounded waits as in gather_tokens.cu.
+#include "own_count.cuh"
 #include "quant_rows.cuh"
 
 namespace hc {
@@ -53,7 +54,8 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
       [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
 
-// M: the RowMode (quant_rows.cuh).
+// M: the RowMode (quant_rows.cuh). io.sizes.own set: own-count mode (own_count.cuh; a runtime
+// choice, not an instance: the exchange is a few instructions beside the rows' work).
 template <typename T, int F, int KL, int M>
 __global__ void __launch_bounds__(kThreads)
     quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
@@ -73,14 +75,19 @@ __global__ void __launch_bounds__(kThreads)
       early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
-  TokenShape s = token_shape(cx, tp, io.sizes, io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
+  const bool own = io.sizes.own != nullptr;
+  TokenShape s = token_shape(cx, tp, own ? counted<true>(io, g.me / tp).sizes : io.sizes,
+                             io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
+  if (own) s.rc.hash = kOwnCountsHash;
   check_buffers(cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // Peers must agree on the format, the fusion and who sums partial rows: all go in the algorithm field.
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(plan.fused, plan.replicated),
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
+  if (own) publish_own_count(cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL>(cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
+                          [&] { if (own) learn_counts(cx, io, tp, s.rc); },
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
                             push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
                           });
@@ -102,17 +109,21 @@ using namespace hc;
 // residual / weight / residual_out: the fused add + RMSNorm (null: not fused). global_scale:
 // device fp32 (nvfp4; null otherwise). out_data: out_rows x data bytes; out_scales: out_rows x
 // scale bytes (hybridcomm.quant.formats). hidden: a multiple of 16, at most kMaxQuantHidden;
-// in_rows / out_rows: rows the buffers hold (capacity). pdl: launch overlapping the previous
-// kernel (pdl.cuh; the kernel touches no memory before begin_call's wait).
+// in_rows / out_rows: rows the buffers hold (capacity). own_count: this rank's (DP group's)
+// count alone, or null (as in hc_gather_tokens: sizes_device receives every member's). pdl:
+// launch overlapping the previous kernel (pdl.cuh; the kernel touches no memory before
+// begin_call's wait).
 extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, int dtype, int tp, int partial, int op,
                                const void* in, const void* residual, const void* weight, void* residual_out,
                                float eps, const float* global_scale, void* out_data, void* out_scales,
-                               const int32_t* sizes_device, const int32_t* sizes_host, int64_t hidden,
-                               int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
-  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale)) return (int)cudaErrorInvalidValue;
+                               const int32_t* sizes_device, const int32_t* sizes_host, const int32_t* own_count,
+                               int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
+  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count))
+    return (int)cudaErrorInvalidValue;
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
-    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows);
+    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,
+                                own_count);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
     const int mode = row_mode(weight != nullptr, partial, tp);
     const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_lanes);

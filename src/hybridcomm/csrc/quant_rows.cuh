@@ -419,15 +419,19 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
 // group when fused (the residual output) or replicated, else my chunk -- and send(r, x, owned)
 // for each row I quantize (called by the whole block, x: my lanes' values; owned: the row is in
 // my chunk): the rows I own, and replicated every row of my group. `next`: early_row_input's.
+// learn(): between the partial lanes and the rows, every thread (own-count mode: the others'
+// counts, which place my rows in the output; own_count.cuh); after a failed exchange my rows
+// count as zero, so none is sent.
 // Not fused, a row is loaded into registers while the previous one is quantized and sent; fused,
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
 // lanes strided by the block).
-template <typename T, int F, int KL, typename Send>
+template <typename T, int F, int KL, typename Learn, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, const RowPlan& plan,
                                               const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                               float eps, const RowsArg& io, int64_t data_lanes,
-                                              RowInput<T, F, KL> next, float* row, float* warp_buf, Send send) {
+                                              RowInput<T, F, KL> next, float* row, float* warp_buf, Learn learn,
+                                              Send send) {
   const int64_t rows = s.rc.count(s.d);
   const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
@@ -439,6 +443,8 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   } else if (reduce) {
     send_partial_lanes(cx, s, replicated, in, io.in_lanes(), 0);
   }
+  learn();
+  if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
   for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
     const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
     if (fused) {
@@ -544,12 +550,12 @@ inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool ever
   return by_rows > by_items ? by_rows : by_items;
 }
 
-// The launchers' argument check (both take an algorithm, a hidden size, a tp and, for nvfp4, a
-// global scale).
+// The launchers' argument check (both take an algorithm, a hidden size, a tp, for nvfp4 a
+// global scale, and in own-count mode where the learned counts go).
 inline bool quant_args_valid(const GroupArgs* g, int algorithm, int format, int tp, int64_t hidden,
-                             const float* global_scale) {
+                             const float* global_scale, const int32_t* sizes_device, const int32_t* own_count) {
   return !(hidden % 16 || hidden <= 0 || hidden > kMaxQuantHidden || tp < 1 || g->nranks % tp ||
-           (format == kQuantNvfp4 && !global_scale) ||
+           (format == kQuantNvfp4 && !global_scale) || (own_count && !sizes_device) ||
            (algorithm != kQuantGatherOwner && algorithm != kQuantGatherOneHop));
 }
 

@@ -170,11 +170,16 @@ def check_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str
     return results
 
 
-def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: int = 0, table: str = "auto") -> dict:
+def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: int = 0, table: str = "auto",
+                       own_counts: bool = False) -> dict:
     """Worker entry (CUDA): capture the quantized op once with device-side sizes at `capacity`
     rows per member, replay it with random sizes (zeros included) and fresh random data, and
-    compare every replay with the oracle (fused: with the quantized own unquantized rows)."""
+    compare every replay with the oracle (fused: with the quantized own unquantized rows).
+    own_counts: each rank passes only its own count (`Counts` of a device tensor), and every
+    replay's learned counts (`Counts.sizes`) must equal the sizes."""
     import torch.distributed as dist
+
+    from ..counts import Counts
 
     comm = communicator(template.case.layout, "auto", table)
     rank, device, case0 = comm.rank, comm.device, template.case
@@ -182,17 +187,24 @@ def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: i
     x = torch.zeros((capacity,) + case0.row_shape, dtype=case0.torch_dtype, device=device)
     residual, weight = torch.zeros_like(x), torch.zeros(case0.row_shape, dtype=x.dtype, device=device)
     sizes_dev = torch.full((count,), capacity, dtype=torch.int32, device=device)
+    own = torch.full((1,), capacity, dtype=torch.int32, device=device)
+    mine = case0.layout.coords(rank).attn_dp_rank if case0.op == "gather_tokens" else \
+        case0.layout.group_ranks(case0.group, rank).index(rank)
     scale = torch.ones(1, dtype=torch.float32, device=device) if FORMATS[template.quant].needs_global_scale else None
     kw = dict(quant=template.quant, global_scale=scale)
 
     def op():
+        counts = Counts(own) if own_counts else sizes_dev
         if case0.op == "all_gather_v":
-            return comm.all_gather_v(x, sizes_dev, case0.group, **kw)
-        if case0.fused:
-            return comm.gather_tokens(x, sizes_dev, case0.partial, residual=residual, norm_weight=weight, **kw)
-        return comm.gather_tokens(x, sizes_dev, case0.partial, **kw)
+            out = comm.all_gather_v(x, counts, case0.group, **kw)
+        elif case0.fused:
+            out = comm.gather_tokens(x, counts, case0.partial, residual=residual, norm_weight=weight, **kw)
+        else:
+            out = comm.gather_tokens(x, counts, case0.partial, **kw)
+        return out, counts.sizes if own_counts else sizes_dev
 
-    graph, out = capture(op)
+    graph, (out, learned) = capture(op)
+    choice = comm.last_choice  # (the fused oracle below runs another op)
     got_rows, got_residual = out if isinstance(out, tuple) else (out, None)
     rng = random.Random(seed)
     failures, digests = [], []
@@ -212,10 +224,15 @@ def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: i
             rows = own_normed_rows(comm, qcase, device)  # eager, outside the graph
             want = quantize(rows, template.quant, want.global_scale)
         sizes_dev.copy_(torch.tensor(sizes, dtype=torch.int32))
+        own.fill_(sizes[mine])
+        if own_counts:
+            learned.fill_(-1)
         poison(got_rows)
         graph.replay()
         got = trim(got_rows, sum(sizes))
         detail = compare_quantized(got, want, rows)
+        if not detail and learned.tolist() != sizes:
+            detail = f"learned counts {learned.tolist()}"
         if not detail and got_residual is not None:
             detail = _bytes_differ(got_residual[: want_residual.shape[0]], want_residual, "residual_out")
         if detail:
@@ -225,7 +242,8 @@ def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: i
     comm.check_errors()
     del graph
     dist.barrier()
-    return {"failures": failures[:10], "mismatches": len(failures), "digests": digests}
+    return {"failures": failures[:10], "mismatches": len(failures), "digests": digests,
+            "ran": f"{choice.backend}/{choice.algorithm}"}
 
 
 def _uneven(n: int, rng: random.Random) -> tuple[int, ...]:
