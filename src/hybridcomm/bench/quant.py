@@ -7,7 +7,8 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_quant     our quantized gather kernel on LL packets (csrc/quant_gather.cu), forced at every size
   hc_quant_lamport  the same on the Lamport protocol (csrc/lamport_quant_gather.cu), forced
   hc_quant_one_hop  the LL kernel with every attention-TP rank summing and quantizing its DP
-               group's rows (csrc/quant_rows.cuh "replicated"), forced; with attn_tp = 1 hc_quant's kernel
+               group's rows (csrc/quant_rows.cuh "replicated"), forced; only with attn_tp > 1
+               (else it is hc_quant's path)
   hybridcomm   gather_tokens(..., quant=) as the Communicator chooses
   nccl_q       what engines run: RS(attn-TP, when TP > 1) + quantize (torch reference
                quantizer) + NCCL all-gather of the data + NCCL all-gather of the scales
@@ -97,7 +98,9 @@ def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: in
     calls = {"hc_bf16": lambda: comm.gather_tokens(x, counts),
              "hybridcomm": lambda: comm.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale),
              "nccl_q": lambda: engines.gather(x, counts)}
-    add_forced_calls(calls, "gather_tokens_quant", forced_comms,
+    # One hop is the owner path where a DP group has one rank: not timed twice.
+    timed = forced_comms if comm.layout.attn_tp > 1 else {k: f for k, f in forced_comms.items() if "one_hop" not in k}
+    add_forced_calls(calls, "gather_tokens_quant", timed,
                      lambda c: c.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale))
     if symm.buffers is not None:
         symm_path = QuantThenGather(comm, symm.buffers, fmt, hidden, spec.global_scale)
