@@ -64,6 +64,10 @@ CASES = (
     TraceCase("gather_tokens TP2, 1 token, quant fp8 LL", "gather_tokens", "quant_ll", 1, "fp8", attn_tp=2),
     TraceCase("gather_tokens TP2, 1 token, quant fp8 Lamport", "gather_tokens", "lamport", 1, "fp8", attn_tp=2),
     TraceCase("gather_tokens TP2, 1 token, quant fp8 one hop", "gather_tokens", "quant_one_hop", 1, "fp8", attn_tp=2),
+    TraceCase("gather_tokens TP2, 128 tokens", "gather_tokens", "auto", 128, attn_tp=2),
+    TraceCase("gather_tokens TP2, 128 tokens, quant fp8 LL", "gather_tokens", "quant_ll", 128, "fp8", attn_tp=2),
+    TraceCase("gather_tokens TP2, 128 tokens, quant fp8 one hop", "gather_tokens", "quant_one_hop", 128, "fp8",
+              attn_tp=2),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event
