@@ -35,7 +35,7 @@ def test_params_follow_the_message_size_and_the_last_entry_holds_every_size():
     assert limits == sorted(limits) and pipeline.PIPELINE_TABLE[-1][0] is None
 
 
-def test_the_algorithm_is_a_chunked_two_shot_that_only_a_forced_table_runs():
+def test_the_algorithm_is_a_chunked_two_shot_that_the_2xh200_table_and_forced_tables_run():
     alg = ops.OPS["all_reduce"].algorithm("two_shot_pipelined")
     assert alg.protocol is ops.CHUNKED and alg.chunked and alg.code == abi.AllReduceAlgorithm.TWO_SHOT_PIPELINED
     assert alg.sliced  # the launcher cuts a message beyond the workspace into calls: no size limit
@@ -43,7 +43,20 @@ def test_the_algorithm_is_a_chunked_two_shot_that_only_a_forced_table_runs():
     assert ops.OPS["all_reduce"].per_peer_bytes(alg, 1001 * 16, 4) == 251 * 16
     assert ops.CHUNKED.capacity(4 * MiB) == 4 * MiB
     assert algorithms.NAMED_TABLES["pipelined"]["all_reduce"] == (algorithms.Rule(None, "nvlink", alg.name),)
-    assert all(rule.algorithm != alg.name for rule in algorithms.TABLE["all_reduce"])  # a candidate for now
+    assert all(rule.algorithm != alg.name for rule in algorithms.TABLE["all_reduce"])  # not measured on 4 GPUs
+    assert any(rule.algorithm == alg.name for rule in algorithms.node_tables("2xH200")[1]["all_reduce"])
+
+
+def test_the_workspace_holds_chunked_areas_only_where_the_table_can_pick_a_pipelined_algorithm():
+    assert not algorithms.picks_protocol(algorithms.node_tables(None), ops.CHUNKED)  # the built-in tables
+    assert algorithms.picks_protocol(algorithms.node_tables("2xH200"), ops.CHUNKED)
+    assert algorithms.picks_protocol(algorithms.node_tables("pipelined"), ops.CHUNKED)
+    assert algorithms.picks_protocol(algorithms.node_tables("lamport"), ops.LAMPORT)
+    area = 4 * MiB
+    for members in (2, 4):
+        without = workspace.region_bytes(members, area, chunked=False)
+        assert without == workspace.chunked_offset(members, area)
+        assert workspace.region_bytes(members, area) == without + workspace.chunked_bytes(members, area)
 
 
 @pytest.mark.parametrize("members", [2, 4, 8])

@@ -201,6 +201,14 @@ def node_tables(table: dict | str | os.PathLike | None) -> dict[int, dict[str, t
     return {**TABLES, 1: table}
 
 
+def picks_protocol(tables: dict[int, dict[str, tuple[Rule, ...]]], protocol) -> bool:
+    """Whether any rule of these tables (node count -> table) names an algorithm on `protocol`
+    (ops.Protocol): the workspace holds a protocol's areas only where one can run."""
+    return any(rule.backend == "nvlink" and rule.algorithm is not None
+               and ops.OPS[op].algorithm(rule.algorithm).protocol is protocol
+               for table in tables.values() for op, rules in table.items() for rule in rules)
+
+
 def table_for_nodes(nodes: int, tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> dict[str, tuple[Rule, ...]]:
     return tables[max(k for k in tables if k <= nodes)]
 

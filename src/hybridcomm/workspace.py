@@ -51,8 +51,15 @@ def chunked_offset(members: int, area_bytes: int) -> int:
     return ll_bytes(members, area_bytes) + LAMPORT_SLOTS * members * area_bytes
 
 
-def region_bytes(members: int, area_bytes: int) -> int:
-    return chunked_offset(members, area_bytes) + CHUNK_FLAG_BYTES + 2 * 2 * members * area_bytes
+def chunked_bytes(members: int, area_bytes: int) -> int:
+    """The chunked section: its flags and 2 slots x 2 phases of areas."""
+    return CHUNK_FLAG_BYTES + 2 * 2 * members * area_bytes
+
+
+def region_bytes(members: int, area_bytes: int, chunked: bool = True) -> int:
+    """chunked: whether the region ends with the chunked section (only where the Communicator's
+    table can pick a pipelined algorithm: Workspace)."""
+    return chunked_offset(members, area_bytes) + (chunked_bytes(members, area_bytes) if chunked else 0)
 
 
 def region_groups(layout: Layout) -> tuple[dict[str, tuple], str | None]:
@@ -87,10 +94,12 @@ def describe_plan(layout: Layout, area_bytes: int) -> str:
         return f"nvlink workspace: none ({blocker})"
     plan = memory_plan(layout, area_bytes)
     total = sum(p[2] for p in plan)
+    chunked = sum(chunked_bytes(n, area_bytes) for _, n, _ in plan)
     lines = [f"nvlink workspace: {total / 2**20:.1f} MiB per GPU ({area_bytes >> 10} KiB per peer and slot: "
              f"2 slots x 2 phases LL/bulk, 3 slots Lamport, 2 slots x 2 phases chunked; "
              f"{LL.capacity(area_bytes) >> 10} KiB of LL, "
-             f"{LAMPORT.capacity(area_bytes) >> 10} KiB of Lamport payload per peer and call)"]
+             f"{LAMPORT.capacity(area_bytes) >> 10} KiB of Lamport payload per peer and call); the chunked "
+             f"sections, {chunked / 2**20:.1f} MiB of it, only where the table can pick a pipelined algorithm"]
     lines += [f"  {'/'.join(names)}: groups of {n}, {size / 2**20:.1f} MiB" for names, n, size in plan]
     return "\n".join(lines)
 
@@ -106,11 +115,15 @@ def peer_access_blocker(layout: Layout, device: torch.device) -> str | None:
 
 
 class Workspace:
+    """chunked: the regions end with the chunked protocol's section (the pipelined algorithms);
+    the Communicator asks for it only where its table can pick one of those, since it is 4/11
+    of the areas (129 MiB per GPU of a DP2xTP2 world of 4, default workspace)."""
+
     def __init__(self, layout: Layout, groups: dict[str, Group], device: torch.device,
-                 area_bytes: int, timeout_s: float):
+                 area_bytes: int, timeout_s: float, chunked: bool = True):
         if area_bytes <= 0 or area_bytes % 16:
             raise ValueError(f"workspace_bytes: expected a positive multiple of 16, got {area_bytes}")
-        self.area_bytes, self.layout = area_bytes, layout
+        self.area_bytes, self.layout, self.chunked = area_bytes, layout, chunked
         self.keys, self.blocker = region_groups(layout)
         self.blocker = self.blocker or peer_access_blocker(layout, device)
         self.args: dict[str, GroupArgs] = {}
@@ -123,7 +136,7 @@ class Workspace:
         offsets, sizes = {}, {}
         for key in partitions:
             offsets[key] = self.total_bytes
-            sizes[key] = region_bytes(len(key[0]), area_bytes)
+            sizes[key] = region_bytes(len(key[0]), area_bytes, chunked)
             self.total_bytes += sizes[key]
         # Lamport areas: from the end of the LL/bulk slots to the chunked section
         sentinels = [(offsets[k] + ll_bytes(len(k[0]), area_bytes),

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import build, kernels
+from .. import algorithms, build, kernels
 from ..abi import DTYPE_CODE, MAX_QUANT_HIDDEN, ROW_ALIGN_BYTES, CallField, ErrorCode, OpCode
 from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
@@ -34,8 +34,8 @@ class NvlinkBackend:
     def __init__(self, comm, workspace_bytes: int | None = None, pdl: bool = PDL):
         self.layout, self.groups, self.timeout_s = comm.layout, comm.groups, comm.timeout_s
         self.pdl = pdl  # passed with every launch: the one place it is set (tests run both)
-        self.workspace = Workspace(comm.layout, comm.groups, comm.device,
-                                   workspace_bytes or DEFAULT_AREA_BYTES, comm.timeout_s)
+        self.workspace = Workspace(comm.layout, comm.groups, comm.device, workspace_bytes or DEFAULT_AREA_BYTES,
+                                   comm.timeout_s, chunked=algorithms.picks_protocol(comm.tables, CHUNKED))
         self.two_step = TwoStep(comm)  # the composed algorithm: two of comm's own ops
         self.handles: dict[str, int] = {}
         # The pipelined two-shot's chunk size and blocks: None = pipeline.PIPELINE_TABLE by size.
@@ -59,6 +59,9 @@ class NvlinkBackend:
         alg = spec.algorithm(algorithm)
         if alg.composed:
             return None  # each step is selected (and checked, or sent to NCCL) on its own
+        if alg.protocol is CHUNKED and not self.workspace.chunked:
+            return ("this workspace has no chunked areas: the Communicator's table picked no pipelined "
+                    "algorithm when it was created")
         if alg.protocol in (LAMPORT, CHUNKED) and x.dtype not in DTYPE_CODE:
             return f"the {alg.protocol.name} protocol carries {sorted(map(str, DTYPE_CODE))} only (got {x.dtype})"
         if spec.shape == "flat":

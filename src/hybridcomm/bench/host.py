@@ -54,11 +54,11 @@ class StandInWorkspace:
     """What NvlinkBackend reads of a Workspace: GroupArgs / LamportArgs per group of two or
     more ranks, no blocker, and an error word that reads 0."""
 
-    def __init__(self, layout, groups, device, area_bytes, timeout_s):
+    def __init__(self, layout, groups, device, area_bytes, timeout_s, chunked=True):
         from ..abi import GroupArgs, LamportArgs
         from ..workspace import region_groups
 
-        self.area_bytes, self.layout = area_bytes, layout
+        self.area_bytes, self.layout, self.chunked = area_bytes, layout, chunked
         self.keys, self.blocker = region_groups(layout)
         self.args = {name: GroupArgs(nranks=groups[name].size, me=groups[name].index) for name in self.keys}
         self.lamport_args = {name: LamportArgs() for name in self.keys}
