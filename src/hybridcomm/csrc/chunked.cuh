@@ -120,6 +120,17 @@ __device__ __forceinline__ ChunkedRows chunked_rows(const CallCtx& cx, const Row
                      (rc.max * row_units + chunk - 1) / chunk};
 }
 
+// A pipelined row op's prologue after begin_call: its counts (chunked_rows), then arrive() with
+// the call's fingerprint (the chunk size in its variant field).
+template <typename T>
+__device__ __forceinline__ ChunkedRows arrive_chunked_rows(const CallCtx& cx, int op, const RowsArg& io,
+                                                           int64_t chunk, bool gather, int variant) {
+  const ChunkedRows r = chunked_rows(cx, io, chunk, gather);
+  arrive(cx, make_fingerprint(op, Lane<T>::kDType, kChunkedOneShot, variant, r.rc.hash,
+                              (uint64_t)r.row_units * kChunkedUnitBytes));
+  return r;
+}
+
 // The group size as a compile-time constant where a kernel is built for one (kRanks: 2, 4), so
 // a reduce keeps kReduceBatch units' loads of every source in registers; 0: any size up to
 // kMaxRanks, one unit at a time (8 sources x 2 units would spill at kThreads threads).

@@ -20,9 +20,7 @@ __global__ void __launch_bounds__(kThreads)
                            int64_t chunk, int variant) {
   const CallCtx cx = begin_call(g, kAllGatherV);
   const int me = g.me;
-  const ChunkedRows r = chunked_rows(cx, io, chunk, /*gather=*/true);
-  arrive(cx, make_fingerprint(kAllGatherV, Lane<T>::kDType, kChunkedOneShot, variant, r.rc.hash,
-                              (uint64_t)r.row_units * kChunkedUnitBytes));
+  const ChunkedRows r = arrive_chunked_rows<T>(cx, kAllGatherV, io, chunk, /*gather=*/true, variant);
   // Units of chunk c of source s that fit my output from unit `at` on (its capacity).
   auto fitting = [&](int s, int64_t c, int64_t at) {
     const int64_t room = r.out_units - at, len = r.piece(s, c);

@@ -19,9 +19,7 @@ __global__ void __launch_bounds__(kThreads)
                                int64_t chunk, int variant) {
   const CallCtx cx = begin_call(g, kReduceScatterV);
   const int me = g.me;
-  const ChunkedRows r = chunked_rows(cx, io, chunk, /*gather=*/false);
-  arrive(cx, make_fingerprint(kReduceScatterV, Lane<T>::kDType, kChunkedOneShot, variant, r.rc.hash,
-                              (uint64_t)r.row_units * kChunkedUnitBytes));
+  const ChunkedRows r = arrive_chunked_rows<T>(cx, kReduceScatterV, io, chunk, /*gather=*/false, variant);
   const int64_t steps = block_chunks(r.chunks);
   for (int64_t i = 0; i < steps + 1; ++i) {
     if (i < steps) {  // my input's i-th chunk of every peer's rows, to that peer
