@@ -16,7 +16,9 @@ where these must hold the sentinel wherever no data is due. The chunked areas (t
 two-shot, csrc/chunked.cuh) hold plain data 1:1 and are shared with nobody, so nothing needs
 zeroing after them; their per-chunk flags start at zero.
 Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
-pointers). Memory per GPU: sum over regions of flags + (4 + 3 + 4) * n * area_bytes.
+pointers). Memory per GPU: sum over regions of flags + (4 + 3 + 4) * n * area_bytes, or
+(4 + 3) * n * area_bytes without the chunked section (Workspace: only where the table can pick
+a pipelined algorithm).
 
 Each region also has a small local state (call counter, block counter, abort flag; Lamport
 slot and units used) in device memory; the error word is shared by the communicator and
