@@ -22,8 +22,9 @@ every rank; two_step: on that group's ranks, from its reduce_scatter_v step, and
 partial) and that every count fits its rank's input rows and the workspace (else
 CapacityExceeded on every rank).
 
-Everywhere else -- an int, the reference and NCCL backends, groups across nodes, `Communicator(validate=True)` (whose check compares every count), a Counts
-first given to a scatter -- the count is exchanged before the op, as before: an int through a
+Everywhere else -- an int, the reference and NCCL backends, groups across nodes,
+`Communicator(validate=True)` (whose check compares every count), a Counts first given to a
+scatter -- the count is exchanged before the op, as before: an int through a
 small all-gather read back to the host (one sync on GPU; the op then sees host sizes, exactly
 as if the caller had passed the list); a device tensor device to device
 (`all_gather_into_tensor`: no host sync, capturable, one extra NCCL launch), and the op sees

@@ -96,8 +96,8 @@ for _name in ("all_gather_v_pipelined", "reduce_scatter_v_pipelined"):
     _lib.define(f"{_name}(Tensor x, Tensor? sizes, int[] host_sizes, int group, int out_rows, int chunk_bytes, "
                 "int blocks, bool pdl) -> Tensor")
 _lib.define("quant_gather(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, Tensor(a!)? learned, "
-            "Tensor? residual, Tensor? weight, float eps, Tensor? global_scale, int group, int tp, bool partial, int op, int format, int out_rows, int algorithm, "
-            "bool lamport, bool pdl) -> (Tensor, Tensor, Tensor)")
+            "Tensor? residual, Tensor? weight, float eps, Tensor? global_scale, int group, int tp, bool partial, "
+            "int op, int format, int out_rows, int algorithm, bool lamport, bool pdl) -> (Tensor, Tensor, Tensor)")
 
 
 def all_reduce(x, group, algorithm, pdl):
