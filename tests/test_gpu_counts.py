@@ -15,8 +15,8 @@ norm within one rounding) and against the reference backend given the same Count
 - a count beyond the capacity: CapacityExceeded on every rank; attn-TP ranks of one DP group
   that pass different counts: ArgumentMismatch on every rank; the next call works.
 
-The quantized gathers (every algorithm: quant, quant_one_hop, quant_lamport; every format;
-gather_tokens reduced, replicated and fused, all_gather_v) in CUDA graphs replayed with new own
+The quantized gathers (every algorithm: quant, quant_one_hop, quant_lamport, quant_local; every
+format; gather_tokens reduced, replicated and fused, all_gather_v) in CUDA graphs replayed with new own
 counts: data and scales bit for bit against the quantized oracle, the learned counts, no
 all-gather; and the two errors above with quant="fp8".
 """
@@ -30,6 +30,7 @@ from conftest import needs_gpus
 from test_gpu import MAIN_LAYOUTS, MIXED_LAYOUT, WORLD
 from hybridcomm.check import (Case, capture, communicator, compare, expected, fusion_inputs, member_input,
                               replay_sizes)
+from hybridcomm.ops import OPS
 from hybridcomm.quant import FORMATS
 from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, quant_replay_check, trim
 
@@ -312,7 +313,7 @@ def _bad_counts(layout, table: str, kind: str, quant: str | None = None):
     return raised, compare_quantized(trim(got, sum(sizes)), want, rows) == ""
 
 
-QUANT_TABLES = ("quant_ll", "quant_one_hop", "lamport")  # each quantized algorithm forced
+QUANT_TABLES = ("quant_ll", "quant_one_hop", "lamport", "quant_local")  # each quantized algorithm forced
 
 
 @pytest.mark.timeout(300)
@@ -359,12 +360,15 @@ def _quant_own_counts(qcases, table: str, replays: int) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("table,algorithm", list(zip(QUANT_TABLES, ("quant", "quant_one_hop", "quant_lamport"))))
+@pytest.mark.parametrize("table,algorithm", list(zip(QUANT_TABLES, ("quant", "quant_one_hop", "quant_lamport",
+                                                                   "quant_local"))))
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_quantized_gathers_exchange_the_counts_in_the_kernel_over_graph_replays(pool, fmt, table, algorithm):
     qcases = []
     for layout in MAIN_LAYOUTS:
         for op, partial, fused in QUANT_VARIANTS:
+            if algorithm not in [a.name for a in OPS[f"{op}_quant"].algorithms]:
+                continue  # (quant_local: gather_tokens only)
             n = layout.attn_dp if op == "gather_tokens" else WORLD
             qcases.append(QuantCase(Case(op, layout, (1,) * n, row_shape=(512,), dtype="bfloat16", data="randn",
                                          partial=partial, fused=fused, device_sizes=True), fmt))

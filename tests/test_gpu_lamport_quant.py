@@ -1,7 +1,9 @@
 """GPU tests of the quantized gathers on the Lamport protocol (csrc/lamport_quant_gather.cu,
 algorithm "quant_lamport"), of the LL kernel (csrc/quant_gather.cu, "quant") after the
-canonical zero / NaN codes, and of the LL kernel with every attention-TP rank summing its
-group's rows ("quant_one_hop"); skipped without 2 GPUs, world 4 on 4 GPUs, else world 2.
+canonical zero / NaN codes, of the LL kernel with every attention-TP rank summing its
+group's rows ("quant_one_hop"), and of gather_tokens' unquantized Lamport one-shot quantizing
+where rows land ("quant_local", csrc/lamport_quant_local.cu; fused and replicated rows run
+quant_one_hop there); skipped without 2 GPUs, world 4 on 4 GPUs, else world 2.
 
 Data and scales bit for bit equal to the reference quantizer applied to the reference's
 unquantized result (fused: to our own unquantized fused rows, test_gpu_quant.py says why),
@@ -22,13 +24,15 @@ from test_gpu_lamport import mismatch
 from test_gpu_quant import _run, _world, model_qcases
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator, digest, expected, member_input, replay_sizes
+from hybridcomm.ops import OPS
 from hybridcomm.quant import FORMATS
 from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, poison, quant_cases, quant_replay_check, trim
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 # algorithm -> the named table forcing it
-TABLES = {"quant_lamport": "lamport", "quant": "quant_ll", "quant_one_hop": "quant_one_hop"}
+TABLES = {"quant_lamport": "lamport", "quant": "quant_ll", "quant_one_hop": "quant_one_hop",
+          "quant_local": "quant_local"}
 
 
 def _layouts() -> list[Layout]:
@@ -40,6 +44,8 @@ def _layouts() -> list[Layout]:
 
 
 def _run_forced(pool, qcases, algorithm):
+    """The cases of ops that have `algorithm` (quant_local: gather_tokens only), forced to it."""
+    qcases = [q for q in qcases if algorithm in [a.name for a in OPS[f"{q.case.op}_quant"].algorithms]]
     _run(pool, qcases, table=TABLES[algorithm], algorithm=algorithm)
 
 
@@ -108,7 +114,7 @@ REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("ga
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("table", ["lamport", "quant_one_hop"])
+@pytest.mark.parametrize("table", ["lamport", "quant_one_hop", "quant_local"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_graph_replays_with_new_device_counts(pool, fmt, table):
     world = _world()
@@ -131,7 +137,8 @@ SEQUENCE = [("q", "gather_tokens", "quant_lamport", "nvfp4"), ("bf16", "all_gath
             ("q", "all_gather_v", "quant_lamport", "fp8"), ("q", "gather_tokens", "quant", "fp8_block128"),
             ("bf16", "all_reduce", "one_shot_lamport", None), ("q", "gather_tokens", "quant_lamport", "fp8_block128"),
             ("q", "gather_tokens", "quant_lamport", "fp8"), ("bf16", "all_gather_v", "one_shot", None),
-            ("q", "gather_tokens", "quant_one_hop", "fp8")]
+            ("q", "gather_tokens", "quant_one_hop", "fp8"), ("q", "gather_tokens", "quant_local", "fp8"),
+            ("bf16", "gather_tokens", "one_shot_lamport", None), ("q", "gather_tokens", "quant_local", "fp8_block128")]
 
 
 def _interleaved(layout, replays: int, capacity: int, seed: int) -> dict:

@@ -83,6 +83,7 @@ class QuantFormat(IntEnum):
 class QuantGatherAlgorithm(IntEnum):  # who sums a DP group's partial rows (csrc/quant_rows.cuh)
     OWNER = 0
     ONE_HOP = 1
+    LOCAL = 2  # every rank sums every row and quantizes it where it lands (csrc/lamport_quant_local.cu)
 
 
 MAX_QUANT_HIDDEN = 11264  # quantized gathers stage a row in 48 KiB of shared memory

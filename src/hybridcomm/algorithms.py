@@ -288,6 +288,7 @@ NAMED_TABLES = {
     "two_step": forced(ops.algorithms_where(lambda a: a.name == "two_step")),  # the transitions composed
     "quant_ll": forced(ops.algorithms_where(lambda a: a.name == "quant")),  # the quantized gathers on LL
     "quant_one_hop": forced(ops.algorithms_where(lambda a: a.name == "quant_one_hop")),  # ... every tp rank sums
+    "quant_local": forced(ops.algorithms_where(lambda a: a.name == "quant_local")),  # ... every rank, where rows land
     "pipelined": forced(ops.algorithms_where(lambda a: a.protocol is ops.CHUNKED)),  # not in TABLE (4 GPUs)
     "hierarchical": {1: TABLE, 2: HIERARCHICAL_TABLE},  # across nodes: our path at every size
 }

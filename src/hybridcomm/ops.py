@@ -109,6 +109,11 @@ TWO_STEP = Algorithm("two_step", None, composed=True)
 QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER, **OWN),
                     Algorithm("quant_one_hop", abi.QuantGatherAlgorithm.ONE_HOP, **OWN),
                     Algorithm("quant_lamport", abi.QuantGatherAlgorithm.OWNER, LAMPORT, **OWN))
+# gather_tokens' own: the unquantized one-shot Lamport gather, every rank quantizing every row it
+# sums (csrc/lamport_quant_local.cu): one hop for every row, partial rows on the wire unquantized.
+# Partial rows only: fused or replicated rows run quant_one_hop instead, and with attn_tp = 1
+# quant (nvlink.py); so its capacity is the LL kernels' bound.
+QUANT_LOCAL = Algorithm("quant_local", abi.QuantGatherAlgorithm.LOCAL, LAMPORT, **OWN)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -136,8 +141,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     # wire rows on LL packets (csrc/quant_gather.cu) or on the Lamport protocol
     # (csrc/lamport_quant_gather.cu); the format is a launcher argument. Errors report the base op.
     OpSpec("all_gather_v_quant", abi.OpCode.ALL_GATHER_V, "output", "rows", QUANT_ALGORITHMS, quantized=True),
-    OpSpec("gather_tokens_quant", abi.OpCode.GATHER_TOKENS, "output", "rows", QUANT_ALGORITHMS, on_world=True,
-           quantized=True),
+    OpSpec("gather_tokens_quant", abi.OpCode.GATHER_TOKENS, "output", "rows", QUANT_ALGORITHMS + (QUANT_LOCAL,),
+           on_world=True, quantized=True),
 )}
 
 

@@ -19,7 +19,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import CHUNKED, LAMPORT, LL, OPS, Protocol, op_name
+from ..ops import CHUNKED, LAMPORT, LL, OPS, QUANT_LOCAL, Protocol, op_name
 from ..pipeline import PipelineParams, params_for
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
@@ -86,10 +86,10 @@ class NvlinkBackend:
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
         width (csrc/quant_gather.cu). Their wire rows are smaller than the unquantized ones
         counted here, so the Lamport kernel's DP rows fit whenever these do."""
-        if not spec.quantized or alg.protocol is LAMPORT and not (
+        if not spec.quantized or alg.protocol is LAMPORT and alg is not QUANT_LOCAL and not (
                 spec.name == "gather_tokens_quant" and self.layout.attn_tp > 1):
             return alg.protocol
-        return LL
+        return LL  # (quant_local: its Lamport areas hold the partial rows; where it runs an LL kernel, this)
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):
@@ -186,6 +186,10 @@ class NvlinkBackend:
         """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather (on
         the Lamport protocol or LL; `spec`: the quantized op whose `algorithm` runs)."""
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
+        if algorithm == QUANT_LOCAL.name and (tp == 1 or not partial or fusion is not None):
+            # Its kernel sums partial rows only (ops.QUANT_LOCAL): the LL kernel's one-hop path runs
+            # these (the owner path where tp = 1), within the LL bound _bounding_protocol gave.
+            algorithm = "quant" if tp == 1 else "quant_one_hop"
         data, scales, residual_out = kernels.call(
             "quant_gather", x, *_gather_sizes(sizes), residual, weight, eps, quant.global_scale,
             self.handles[group.name], tp, partial, op, quant.format.code, out_rows, _code(spec, algorithm),

@@ -68,6 +68,11 @@ CASES = (
     TraceCase("gather_tokens TP2, 128 tokens, quant fp8 LL", "gather_tokens", "quant_ll", 128, "fp8", attn_tp=2),
     TraceCase("gather_tokens TP2, 128 tokens, quant fp8 one hop", "gather_tokens", "quant_one_hop", 128, "fp8",
               attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, quant fp8 local", "gather_tokens", "quant_local", 1, "fp8", attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, quant nvfp4 local", "gather_tokens", "quant_local", 1, "nvfp4",
+              attn_tp=2),
+    TraceCase("gather_tokens TP2, 128 tokens, quant fp8 local", "gather_tokens", "quant_local", 128, "fp8",
+              attn_tp=2),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event

@@ -9,6 +9,8 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_quant_one_hop  the LL kernel with every attention-TP rank summing and quantizing its DP
                group's rows (csrc/quant_rows.cuh "replicated"), forced; only with attn_tp > 1
                (else it is hc_quant's path)
+  hc_quant_local    the unquantized Lamport one-shot gather, every rank quantizing the rows it
+               sums (csrc/lamport_quant_local.cu), forced; only with attn_tp > 1
   hybridcomm   gather_tokens(..., quant=) as the Communicator chooses
   nccl_q       what engines run: RS(attn-TP, when TP > 1) + quantize (torch reference
                quantizer) + NCCL all-gather of the data + NCCL all-gather of the scales
@@ -98,8 +100,9 @@ def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: in
     calls = {"hc_bf16": lambda: comm.gather_tokens(x, counts),
              "hybridcomm": lambda: comm.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale),
              "nccl_q": lambda: engines.gather(x, counts)}
-    # One hop is the owner path where a DP group has one rank: not timed twice.
-    timed = forced_comms if comm.layout.attn_tp > 1 else {k: f for k, f in forced_comms.items() if "one_hop" not in k}
+    # Where a DP group has one rank, one hop and local run the owner path (quant): not timed twice.
+    timed = forced_comms if comm.layout.attn_tp > 1 else {
+        k: f for k, f in forced_comms.items() if k not in ("hc_quant_one_hop", "hc_quant_local")}
     add_forced_calls(calls, "gather_tokens_quant", timed,
                      lambda c: c.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale))
     if symm.buffers is not None:
@@ -190,7 +193,7 @@ def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], toke
 BASELINES = ("nccl_q", "nccl_symm_q")
 # impl -> its ratio column's label: the impl's time / hc_bf16's.
 RATIOS = {"hybridcomm": "q/bf16", "hc_quant": "LL/bf16", "hc_quant_one_hop": "1hop/bf16",
-          "hc_quant_lamport": "Lamport/bf16"}
+          "hc_quant_lamport": "Lamport/bf16", "hc_quant_local": "local/bf16"}
 
 
 def quant_markdown(results: dict) -> str:

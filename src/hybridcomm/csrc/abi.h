@@ -83,8 +83,9 @@ enum ScatterTokensAlgorithm : int { kScatterTokensOneShot = 0, kScatterTokensTwo
 // is staged as fp32 in shared memory, with its scale bytes, within 48 KiB).
 enum QuantFormat : int { kQuantFp8 = 0, kQuantFp8Block128 = 1, kQuantNvfp4 = 2 };
 // Who sums a DP group's partial rows before they are quantized (quant_rows.cuh): the row's owner,
-// or every tp rank of the group (one hop inside it).
-enum QuantGatherAlgorithm : int { kQuantGatherOwner = 0, kQuantGatherOneHop = 1 };
+// or every tp rank of the group (one hop inside it); or (local, Lamport only) every rank sums
+// every row and quantizes it where it lands (lamport_quant_local.cu).
+enum QuantGatherAlgorithm : int { kQuantGatherOwner = 0, kQuantGatherOneHop = 1, kQuantGatherLocal = 2 };
 constexpr int kMaxQuantHidden = 11264;
 
 // -- the error word: code | op << 8 | group << 16 | peer's global rank << 24 | detail << 40 --

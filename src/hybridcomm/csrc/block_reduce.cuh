@@ -27,13 +27,16 @@ __device__ __forceinline__ float group_max(float v, int width) {
   return v;
 }
 
+// Max over the block (blockDim.x a multiple of 32, at most 1024); exact, so in any order: each
+// warp takes the warps' maxima one per lane and shuffles them (one shared load a thread, not a
+// loop over the warps: ~0.2 us of dependent loads at 16 warps, trace of quant_local).
 __device__ __forceinline__ float block_max(float v, float* warp_buf) {
   v = group_max(v, 32);
-  if ((threadIdx.x & 31) == 0) warp_buf[threadIdx.x >> 5] = v;
+  const int lane = threadIdx.x & 31, warps = (int)(blockDim.x >> 5);
+  if (lane == 0) warp_buf[threadIdx.x >> 5] = v;
   __syncthreads();
-  float m = warp_buf[0];
-  for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, warp_buf[w]);
-  __syncthreads();
+  const float m = group_max(warp_buf[lane < warps ? lane : 0], 32);
+  __syncthreads();  // warp_buf is reused by the next row
   return m;
 }
 

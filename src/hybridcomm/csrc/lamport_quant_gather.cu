@@ -22,6 +22,7 @@
 // (eight -0 codes, which the quantizer never writes: zero is always code 0) and are swapped
 // back on receipt.
 #include "lamport.cuh"
+#include "lamport_quant_local.h"
 #include "own_count.cuh"
 #include "quant_rows.cuh"
 
@@ -167,7 +168,8 @@ __global__ void __launch_bounds__(kThreads)
 
 using namespace hc;
 
-// The arguments of hc_quant_gather (quant_gather.cu) with the group's Lamport areas (l).
+// The arguments of hc_quant_gather (quant_gather.cu) with the group's Lamport areas (l);
+// algorithm kQuantGatherLocal runs lamport_quant_local.cu's kernel.
 extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l, int algorithm, int format, int dtype,
                                        int tp, int partial, int op, const void* in, const void* residual,
                                        const void* weight, void* residual_out, float eps, const float* global_scale,
@@ -176,6 +178,11 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
                                        int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
   if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count))
     return (int)cudaErrorInvalidValue;
+  if (algorithm == kQuantGatherLocal) {  // partial rows, not fused (lamport_quant_local.cu)
+    if (!partial || residual || weight || op != kGatherTokens) return (int)cudaErrorInvalidValue;
+    return launch_lamport_quant_local(g, l, format, dtype, tp, in, global_scale, out_data, out_scales, sizes_device,
+                                      sizes_host, own_count, hidden, in_rows, out_rows, pdl, stream);
+  }
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,

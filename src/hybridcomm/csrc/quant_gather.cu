@@ -118,7 +118,8 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
                                float eps, const float* global_scale, void* out_data, void* out_scales,
                                const int32_t* sizes_device, const int32_t* sizes_host, const int32_t* own_count,
                                int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
-  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count))
+  if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count) ||
+      algorithm == kQuantGatherLocal)  // (a Lamport algorithm)
     return (int)cudaErrorInvalidValue;
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {

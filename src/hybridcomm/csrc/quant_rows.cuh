@@ -489,10 +489,10 @@ __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int m
 }
 
 // Fingerprint fields the quantized gathers add: the format, the fusion and who sums the
-// partial rows (peers must agree on all three).
+// partial rows (peers must agree on all three; local: lamport_quant_local.cu's algorithm).
 template <int F>
-__device__ __forceinline__ int quant_fields(bool fused, bool replicated) {
-  return F | (fused ? 4 : 0) | (replicated ? 8 : 0);
+__device__ __forceinline__ int quant_fields(bool fused, bool replicated, bool local = false) {
+  return F | (fused ? 4 : 0) | (replicated ? 8 : 0) | (local ? 16 : 0);
 }
 
 // Dynamic shared memory of both kernels: a fused row, staged (fp32).
@@ -556,7 +556,7 @@ inline bool quant_args_valid(const GroupArgs* g, int algorithm, int format, int 
                              const float* global_scale, const int32_t* sizes_device, const int32_t* own_count) {
   return !(hidden % 16 || hidden <= 0 || hidden > kMaxQuantHidden || tp < 1 || g->nranks % tp ||
            (format == kQuantNvfp4 && !global_scale) || (own_count && !sizes_device) ||
-           (algorithm != kQuantGatherOwner && algorithm != kQuantGatherOneHop));
+           (algorithm != kQuantGatherOwner && algorithm != kQuantGatherOneHop && algorithm != kQuantGatherLocal));
 }
 
 }  // namespace hc

@@ -1,0 +1,223 @@
+// gather_tokens with quantized rows, quantized where they land (algorithm quant_local): the
+// unquantized one-shot Lamport gather (lamport_tokens.cu), each rank quantizing every row it
+// has summed. Partial rows only (attn_tp >= 2, not fused: the launcher's caller runs
+// quant_one_hop otherwise).
+//
+// Where it wins: at a few tokens a call's time is latency, not bytes, and the quantized
+// gathers' other algorithms take two hops (owner) or stage a row's partial lanes on LL and
+// quantize in a larger kernel (one hop); this is the bf16 gather's single hop plus one block
+// max and the codes. The wire carries the partial rows unquantized, so it moves more bytes than
+// the owner algorithms from the middle sizes up: the table decides.
+//
+// Bits: every rank sums a row's tp partial units in tp order in fp32 and rounds once to T, as
+// the reference's unquantized gather does, then applies quant.cuh's quantizer, the reference
+// quantizer's operations; so every rank writes the same bytes, equal to the reference's.
+//
+//   send:    my partial units to every peer (16 data bytes a store, lamport_tokens.cu's order);
+//   receive: one block per output row, thread x holding the row's data lanes x + k * kThreads
+//            (quant_rows.cuh); a lane's units are waited for, summed and rounded, kept in
+//            shared memory by the thread that sums them (only it reads them back: no barrier),
+//            then the row is quantized and stored (quantize_and_emit).
+#include "lamport.cuh"
+#include "lamport_quant_local.h"
+#include "own_count.cuh"
+#include "quant_rows.cuh"
+
+namespace hc {
+
+// A thread works whole 16-byte input units of a row (unit threadIdx.x + k * kThreads, k < KU), as
+// the unquantized gather moves them, and quantizes their values itself: fp8 takes one block max
+// per row; a format's blocks (fp8_block128: 128 values, nvfp4: 16) span kGroup consecutive
+// units, i.e. consecutive lanes of a warp, whose max is a shuffle. (quant_rows.cuh's lanes are 8
+// bytes of output, 16 values of nvfp4: half the threads of a 4096-wide row would work there.)
+template <typename T, int F>
+struct UnitQuant {
+  static constexpr int kValues = kLamportUnitBytes / (int)sizeof(T);  // values per input unit
+  static constexpr int kBlock = QuantTraits<F>::kBlock;                // values per scale (0: the row)
+  static constexpr int kGroup = kBlock ? kBlock / kValues : 0;         // units per scale
+  static constexpr int kCodeBytes = F == kQuantNvfp4 ? kValues / 2 : kValues;
+  static_assert(kBlock == 0 || (kGroup >= 1 && kGroup <= 32), "a block's units are lanes of one warp");
+};
+
+// Unit i of DP group od's rows summed over its tp ranks in tp order (my own partial unit, when
+// od is my group, from `in`), fp32, rounded once to T; into v[0 .. kValues).
+template <typename T>
+__device__ __forceinline__ void summed_unit(const LamportCall& lc, int tp, int od, int64_t i,
+                                            const uint4* __restrict__ in, float* v) {
+  const int me = lc.cx.g.me, d = me / tp, t = me % tp;
+  uint4 data[kMaxRanks];
+  const uint4 local = od == d ? fix_reserved<T>(in[i]) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
+  wait_units(lc, tp, od * tp, i, [&](int s) { return !(od == d && s == t); }, data);
+  const uint4 sum = sum_units<T>(data, tp);
+  float lo[4], hi[4];
+  Lane<T>::unpack(make_uint2(sum.x, sum.y), lo);
+  Lane<T>::unpack(make_uint2(sum.z, sum.w), hi);
+  constexpr int kN = Lane<T>::kN;
+#pragma unroll
+  for (int e = 0; e < kN; ++e) {
+    v[e] = lo[e];
+    v[kN + e] = hi[e];
+  }
+}
+
+// My unit u of a row (of `units`) summed (summed_unit; row j of DP group od), or zeros past the row.
+template <typename T>
+__device__ __forceinline__ void my_unit(const LamportCall& lc, int tp, int od, int64_t j, int64_t u, int64_t units,
+                                        const uint4* __restrict__ in, float (&v)[UnitQuant<T, 0>::kValues]) {
+  if (u < units) return summed_unit<T>(lc, tp, od, j * units + u, in, v);
+#pragma unroll
+  for (int e = 0; e < UnitQuant<T, 0>::kValues; ++e) v[e] = 0.f;
+}
+
+template <int N>
+__device__ __forceinline__ float max_abs(const float (&v)[N]) {
+  float a = 0.f;
+#pragma unroll
+  for (int e = 0; e < N; ++e) a = fmaxf(a, fabsf(v[e]));
+  return a;
+}
+
+// The codes of one unit's values (multiplier inv) into unit u of a row's data bytes.
+template <typename T, int F>
+__device__ __forceinline__ void store_codes(const float (&v)[UnitQuant<T, F>::kValues], float inv, uint8_t* data,
+                                            int64_t u) {
+  using Q = UnitQuant<T, F>;
+  if constexpr (F == kQuantNvfp4) {
+    uint32_t codes = 0;
+#pragma unroll
+    for (int e = 0; e < Q::kValues; ++e) codes |= nvfp4_code(v[e], inv) << (4 * e);
+    if constexpr (Q::kCodeBytes == 4) reinterpret_cast<uint32_t*>(data)[u] = codes;
+    else reinterpret_cast<uint16_t*>(data)[u] = (uint16_t)codes;
+  } else {
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < Q::kValues; e += 2) w[e / 4] |= fp8_codes(v[e], v[e + 1], inv) << (8 * (e % 4));
+    if constexpr (Q::kCodeBytes == 8) reinterpret_cast<uint2*>(data)[u] = make_uint2(w[0], w[1]);
+    else reinterpret_cast<uint32_t*>(data)[u] = w[0];
+  }
+}
+
+// Output row o (row j of DP group od) summed and quantized into out; every thread of the block
+// calls this (the block max, the shuffles). Units are waited for one at a time, in loops that are
+// not unrolled beyond one unit a thread (one copy of the wait's code, as quant_rows.cuh's
+// row_values): a block format quantizes each unit as it comes; fp8 needs the row's max first, so
+// with several units a thread it keeps their values in `row` (fp32, the thread's own: no barrier).
+template <typename T, int F, int KU>
+__device__ __forceinline__ void quantize_row(const LamportCall& lc, int tp, int od, int64_t j, int64_t o,
+                                             const uint4* __restrict__ in, int64_t units, float global_scale,
+                                             float* row, float* warp_buf, const QuantOut& out) {
+  using Q = UnitQuant<T, F>;
+  constexpr int kV = Q::kValues;
+  uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
+  uint8_t* scales = out.scales + o * out.scale_bytes;
+  const bool in_out = o < out.out_rows;
+  float v[kV];
+  if constexpr (F == kQuantFp8) {
+    float a = 0.f;
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      my_unit<T>(lc, tp, od, j, my_lane(k), units, in, v);
+      a = fmaxf(a, max_abs(v));
+      if (KU > 1 && my_lane(k) < units) for (int e = 0; e < kV; ++e) row[my_lane(k) * kV + e] = v[e];
+    }
+    const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
+    if (threadIdx.x == 0 && in_out) reinterpret_cast<float*>(scales)[0] = token.scale;
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      const int64_t u = my_lane(k);
+      if (u >= units || !in_out) break;
+      if (KU > 1) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
+      store_codes<T, F>(v, token.inv, data, u);
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      if ((int64_t)k * kThreads >= units) break;  // uniform over the block: the shuffles below
+      const int64_t u = my_lane(k);
+      my_unit<T>(lc, tp, od, j, u, units, in, v);
+      const float amax = group_max(max_abs(v), Q::kGroup);
+      if (u >= units || !in_out) continue;
+      if constexpr (F == kQuantNvfp4) {
+        const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
+        store_codes<T, F>(v, sc.inv, data, u);
+        if (u % Q::kGroup == 0) scales[u / Q::kGroup] = sc.sf;
+      } else {
+        const Fp8Scale sc = fp8_scale(amax);
+        store_codes<T, F>(v, sc.inv, data, u);
+        if (u % Q::kGroup == 0) reinterpret_cast<float*>(scales)[u / Q::kGroup] = sc.scale;
+      }
+    }
+  }
+}
+
+// kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+template <typename T, int F, int KU, bool kOwn>
+__global__ void __launch_bounds__(kThreads)
+    lamport_quant_local(GroupArgs g, const __grid_constant__ LamportArgs l, int tp, const uint4* __restrict__ in,
+                        const float* __restrict__ global_scale_ptr, QuantOut out, RowsArg io) {
+  extern __shared__ float4 staged_[];  // rows of several units a thread: each thread's values
+  float* row = reinterpret_cast<float*>(staged_);
+  __shared__ float warp_buf[kThreads / 32];
+
+  LamportCall lc = begin_lamport_call(g, l, kGatherTokens);
+  const int n = g.nranks, dp = n / tp, d = g.me / tp;
+  const int64_t row_units = io.row_lanes / 2;
+  const EarlyInput<uint4> input = early_input(in, io.in_rows * row_units);
+  const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
+  RowCounts rc = lamport_counts(lc, counted<kOwn>(io, d).sizes, dp, row_units);
+  if constexpr (kOwn) rc.hash = kOwnCountsHash;
+  check_buffers(lc.cx, rc.count(d) > io.in_rows || rc.offset[dp] > io.out_rows);
+  // The quantized gathers' fields in the width's high byte (lamport_quant_gather.cu: why).
+  const uint64_t width = (uint64_t)row_units * 16 | (uint64_t)quant_fields<F>(false, true, true) << 24;
+  arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash, width));
+  if constexpr (kOwn) publish_own_count(lc.cx, io, rc, d);
+  const int64_t my_units = rc.count(d) * row_units;
+  for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
+    const uint4 v = fix_reserved<T>(input.at(i));  // load_unit's (zero stays zero)
+    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
+  }
+  HC_TRACE_EVENT(kTraceSent);
+  refill_previous_slot(lc);
+  HC_TRACE_EVENT(kTraceRefilled);
+  if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
+  for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
+    const int od = rc.holder(o, dp, 1);
+    quantize_row<T, F, KU>(lc, tp, od, o - rc.offset[od], o, in, row_units, global_scale, row, warp_buf, out);
+  }
+  end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
+}
+
+}  // namespace hc
+
+int hc::launch_lamport_quant_local(const GroupArgs* g, const LamportArgs* l, int format, int dtype, int tp,
+                                   const void* in, const float* global_scale, void* out_data, void* out_scales,
+                                   const int32_t* sizes_device, const int32_t* sizes_host, const int32_t* own_count,
+                                   int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
+  if (tp < 2) return (int)cudaErrorInvalidValue;  // no partial rows to sum: quant's path (the launcher's caller)
+  int status = (int)cudaErrorInvalidValue;
+  HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
+    const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,
+                                own_count);
+    const QuantOut out = quant_out<Fmt>(hidden, out_data, out_scales, out_rows);
+    const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows);
+    const int blocks = (int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks);
+    const size_t smem = quant_staging_bytes(hidden);
+    const auto launch = [&](auto ku) {
+      constexpr int KU = decltype(ku)::value;
+      return launch_kernel_smem(own_count ? lamport_quant_local<Elem, Fmt, KU, true>
+                                          : lamport_quant_local<Elem, Fmt, KU, false>,
+                                blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, global_scale, out,
+                                io);
+    };
+    // Units per thread, an instance each: every hidden size up to kMaxQuantHidden (16-bit rows:
+    // 1408 units, fp32: 2816).
+    const int64_t ku = ceil_div(hidden * (int64_t)sizeof(Elem) / kLamportUnitBytes, kThreads);
+    if (ku <= 1) status = launch(std::integral_constant<int, 1>{});
+    else if (ku <= 2) status = launch(std::integral_constant<int, 2>{});
+    else if (ku <= 3) status = launch(std::integral_constant<int, 3>{});
+    else if (ku <= 6) status = launch(std::integral_constant<int, sizeof(Elem) == 4 ? 6 : 3>{});  // (fp32 only)
+  }));
+  return status;
+}
