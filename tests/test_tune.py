@@ -134,6 +134,41 @@ def test_transitions_over_several_layouts(seed):
     assert at_32k["measured_in"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
     assert doc["measured_on"]["world_size"] == 4
 
+FP8_ROW = 4096 + 4  # fp8 hidden 4096: data and the token's fp32 scale (quant.formats)
+
+
+def _quant_results(rng: random.Random) -> dict:
+    """bench quant JSON (fp8, hidden 4096) of dp2 and tp2: on tp2 quant_local fastest to 128 rows,
+    quant above; dp2 times quant and quant_lamport only (one hop and local run quant's kernel
+    there), quant fastest; nccl_q slower everywhere; the baselines tune cannot route to faster."""
+    records = []
+    for layout, groups in (("dp2", 2), ("tp2", 1)):
+        for tokens in (1, 16, 64, 128, 256, 512, 1024):
+            rows, base = tokens * groups, rng.uniform(5, 50)
+            win = "hc_quant_local" if layout == "tp2" and rows <= 128 else "hc_quant"
+            ours = ["hc_quant", "hc_quant_lamport"] + (["hc_quant_one_hop", "hc_quant_local"] if layout == "tp2" else [])
+            us = {impl: base if impl == win else base * (1.2 + rng.uniform(0, 1)) for impl in ours}
+            us.update(nccl_q=base * 3, hybridcomm=base / 2, hc_bf16=base / 2, nccl_symm_q=base / 2, nccl_ag_only=1.0)
+            for case in ("balanced", "imbalanced"):  # (the imbalanced ones are not evidence)
+                records += [{"layout": layout, "format": "fp8", "hidden": 4096, "case": case,
+                             "tokens_per_dp": [tokens] * groups, "impl": impl,
+                             "us": t if case == "balanced" else 1.0} for impl, t in us.items()]
+    return {"environment": {"gpu": "Test GPU"}, "dtype": "torch.bfloat16", "records": records}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_quantized_gathers_from_bench_quant(seed):
+    """Message = the gathered quantized bytes; on dp2 (attn_tp = 1) quant_local counts as quant,
+    the kernel it runs there, so it stays the choice up to tp2's last win (128 rows, measured on
+    both layouts) without a rule of its own at dp2's sizes between."""
+    doc = tune.tune([("q.json", _quant_results(random.Random(seed)))])
+    rules = table_file.parse(doc, "q")
+    assert rules["gather_tokens_quant"] == (Rule(128 * FP8_ROW, "nvlink", "quant_local"),
+                                            Rule(2048 * FP8_ROW, "nvlink", "quant"), Rule(None, "nccl", "nccl"))
+    assert "all_gather_v_quant" in doc["not_measured"]
+    at_128 = next(e for e in doc["evidence"]["gather_tokens_quant"] if e["bytes"] == 128 * FP8_ROW)
+    assert at_128["measured_in"] == ["q.json:dp2", "q.json:tp2"]
+
 
 def test_results_of_different_machines_or_across_nodes_are_refused():
     ops = _ops_results({"all_reduce": ["hc_one_shot"] * 14}, random.Random(0), world=2)
@@ -145,9 +180,9 @@ def test_results_of_different_machines_or_across_nodes_are_refused():
                                                              "us": 50.0}]}
     with pytest.raises(tune.ResultsError, match="cpu.json: no column the table can name"):
         tune.tune([("cpu.json", cpu)])
-    for other in ("quant_4xH200.json", "layer_4xH200.json"):  # other benchmarks' results
-        with pytest.raises(tune.ResultsError, match=f"{other}: not the results of `hybridcomm bench ops`"):
-            tune.tune_files([REPO / "results/4xH200" / other])
+    other = "layer_4xH200.json"  # another benchmark's results
+    with pytest.raises(tune.ResultsError, match=f"{other}: not the results of `hybridcomm bench ops`"):
+        tune.tune_files([REPO / "results/4xH200" / other])
 
 
 # -- table files ----------------------------------------------------------------------------
@@ -226,7 +261,8 @@ def test_a_file_that_is_not_json(tmp_path):
 
 # -- the committed tables -------------------------------------------------------------------
 PACKAGED_SOURCES = {"4xH200": ["results/4xH200/ops_4xH200.json", "results/4xH200/transitions_4xH200.json"],
-                    "2xH200": ["results/2xH200/ops_2xH200.json", "results/2xH200/transitions_2xH200.json"]}
+                    "2xH200": ["results/2xH200/ops_2xH200.json", "results/2xH200/transitions_2xH200.json",
+                               "results/2xH200/quant_2xH200.json"]}
 
 
 def test_every_packaged_table_is_generated_from_the_committed_results(monkeypatch):

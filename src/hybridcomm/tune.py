@@ -1,7 +1,7 @@
 """`hybridcomm tune`: a selection table from benchmark results, as data (table_file.py).
 
-Input: the JSON of `bench ops` and `bench transitions` (GPU runs), whose records time every
-algorithm forced (`hc_<algorithm>`) and the baselines at each size, in the same run.
+Input: the JSON of `bench ops`, `bench transitions` and `bench quant` (GPU runs), whose records
+time every algorithm forced (`hc_<algorithm>`) and the baselines at each size, in the same run.
 
 Candidates are what a table rule can name: our algorithms (`hc_<algorithm>` of the op's
 registry entry, backend nvlink; for the transitions also `hc_two_step`, our two row ops,
@@ -9,6 +9,10 @@ named `hc_unfused` in results taken before the table could name it) and NCCL (th
 column: NCCL called directly on the op; for the transitions the two-collective sequence the
 NCCL backend runs). Baselines the Communicator cannot route to (NCCL on symmetric windows,
 torch symm_mem) are not candidates. `hc_norm` / `nccl_norm` of the transitions fill gather_tokens_norm.
+`bench quant` fills gather_tokens_quant: its message is the gathered quantized bytes (data and
+scales), its NCCL candidate `nccl_q` (quantize, then NCCL all-gathers: the NCCL backend's path);
+where attn_tp = 1 the bench times quant_one_hop and quant_local once, as quant (the kernel they
+run there, backends/nvlink.py), and tune reads quant's column for them.
 
 Per op and measured size, the candidates that ran at that size are compared by their µs
 (a transitions size measured on several layouts: the geometric mean over those layouts, and
@@ -23,7 +27,7 @@ measured size it won: a size between two measured sizes goes to the larger size'
 kernel is extended past a size where it was measured to win). Past the largest measured size
 NCCL runs (a last rule `max_bytes: null` on nccl is added when NCCL did not win there).
 
-Only the balanced transitions cases count (the table is keyed by message bytes alone, and an
+Only the balanced transitions (and quant) cases count (the table is keyed by message bytes alone, and an
 imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
 (`bench nodes`) are refused: this writes the single-node table.
 """
@@ -55,11 +59,16 @@ OTHER_OP_COLUMNS = {
 # Columns that older results name otherwise: hc_unfused timed the two_step composition
 # (two_step.py: the same two sub-ops, each by the table) before it was an algorithm.
 RENAMED_COLUMNS = {"hc_unfused": "hc_two_step"}
+# bench quant: the op its records time, its NCCL column, and the algorithms that run another's
+# kernel where attn_tp = 1 (not timed there; module docstring).
+QUANT_OP, QUANT_NCCL_COLUMN = "gather_tokens_quant", "nccl_q"
+QUANT_SAME_AS_OWNER = {"hc_quant_one_hop": "hc_quant", "hc_quant_local": "hc_quant"}
 
 
 # What each benchmark's results hold: a top-level key, and the fields of every record.
 RESULTS_KINDS = {"ops": ("world_size", {"op", "bytes", "impl", "us"}),
-                 "transitions": ("hidden", {"layout", "op", "case", "tokens_per_dp", "impl", "us"})}
+                 "transitions": ("hidden", {"layout", "op", "case", "tokens_per_dp", "impl", "us"}),
+                 "quant": ("dtype", {"layout", "format", "hidden", "case", "tokens_per_dp", "impl", "us"})}
 
 
 class ResultsError(ValueError):
@@ -109,26 +118,52 @@ def kind(results, where: str) -> str:
                 and isinstance(results.get("records"), list)
                 and all(isinstance(r, dict) and fields <= set(r) for r in results["records"])):
             return name
-    raise ResultsError(f"{where}: not the results of `hybridcomm bench ops` or `bench transitions` (other "
-                       f"benchmarks do not time the algorithms a table rule names)")
+    raise ResultsError(f"{where}: not the results of `hybridcomm bench ops`, `bench transitions` or `bench "
+                       f"quant` (other benchmarks do not time the algorithms a table rule names)")
+
+
+def quant_records(results: dict) -> list[dict]:
+    """bench quant's balanced records as the other benchmarks' (op, bytes, impl, us), with the
+    columns QUANT_SAME_AS_OWNER fills where attn_tp = 1."""
+    from .quant import FORMATS
+
+    points: dict = defaultdict(dict)
+    for r in results["records"]:
+        if r["case"] == "balanced":
+            nbytes = sum(r["tokens_per_dp"]) * FORMATS[r["format"]].row_bytes(r["hidden"])
+            points[(r["layout"], nbytes)][r["impl"]] = r["us"]
+    records = []
+    for (layout, nbytes), us in points.items():
+        if Layout.parse(layout).attn_tp == 1:
+            us = {**{a: us[o] for a, o in QUANT_SAME_AS_OWNER.items() if o in us}, **us}
+        for impl, t in us.items():
+            records.append({"op": QUANT_OP, "layout": layout, "bytes": nbytes,
+                            "impl": "nccl" if impl == QUANT_NCCL_COLUMN else impl, "us": t})
+    return records
 
 
 def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
-    """table op -> message bytes -> group (`where`, and the layout for transitions) -> candidate -> µs."""
-    transitions = kind(results, where) == "transitions"
+    """table op -> message bytes -> group (`where`, and the layout for transitions and quant) ->
+    candidate -> µs."""
+    what = kind(results, where)
+    if what == "quant":
+        return _samples(quant_records(results), where, lambda r: (r["bytes"], f"{where}:{r['layout']}"))
+    if what == "ops":
+        return _samples(results["records"], where, lambda r: (r["bytes"], where))
+    elem = _elem_bytes(results["dtype"])  # transitions: message = all tokens x hidden
+    return _samples([r for r in results["records"] if r["case"] == "balanced"], where,
+                    lambda r: (sum(r["tokens_per_dp"]) * results["hidden"] * elem, f"{where}:{r['layout']}"))
+
+
+def _samples(records: list[dict], where: str, place) -> dict:
+    """samples() of records with op, impl, us; place(record) -> (message bytes, group)."""
     out: dict = defaultdict(lambda: defaultdict(dict))
-    for r in results["records"]:
+    for r in records:
         found = candidate(r["op"], r["impl"])
         if found is None or not math.isfinite(r["us"]):
             continue
         op, backend, algorithm = found
-        if transitions:  # message = all tokens x hidden
-            if r["case"] != "balanced":
-                continue
-            nbytes = sum(r["tokens_per_dp"]) * results["hidden"] * _elem_bytes(results["dtype"])
-            group = f"{where}:{r['layout']}"
-        else:
-            nbytes, group = r["bytes"], where
+        nbytes, group = place(r)
         out[op][nbytes].setdefault(group, {})[(backend, algorithm)] = r["us"]
     return out
 
