@@ -41,6 +41,7 @@ class TraceCase:
     size: int
     quant: str | None = None  # gather_tokens: a quantized gather of this format (hybridcomm.quant)
     attn_tp: int = 1  # gather_tokens: attention TP (partial rows), DP over the rest of the world
+    hidden: int = HIDDEN  # gather_tokens: row width (bf16 elements)
 
 
 CASES = (
@@ -73,6 +74,9 @@ CASES = (
               attn_tp=2),
     TraceCase("gather_tokens TP2, 128 tokens, quant fp8 local", "gather_tokens", "quant_local", 128, "fp8",
               attn_tp=2),
+    TraceCase("gather_tokens TP2, 1 token, hidden 7168", "gather_tokens", "auto", 1, attn_tp=2, hidden=7168),
+    TraceCase("gather_tokens TP2, 1 token, hidden 7168, quant fp8 local", "gather_tokens", "quant_local", 1, "fp8",
+              attn_tp=2, hidden=7168),
 )
 
 # (phase, from event, to event): block 0 thread 0's stamps, in cycles. A phase whose end event
@@ -95,7 +99,7 @@ def _call(case: TraceCase, comm: Communicator, device):
     if case.op == "all_reduce":
         x = torch.randn(case.size // 2, dtype=torch.bfloat16, device=device)
         return lambda: comm.all_reduce(x)
-    x = torch.randn(case.size, HIDDEN, dtype=torch.bfloat16, device=device)
+    x = torch.randn(case.size, case.hidden, dtype=torch.bfloat16, device=device)
     tokens = [case.size] * comm.layout.attn_dp
     if case.quant:
         scale = GLOBAL_SCALE if case.quant == "nvfp4" else None

@@ -65,10 +65,10 @@ __device__ __forceinline__ void summed_unit(const LamportCall& lc, int tp, int o
 // My unit u of a row (of `units`) summed (summed_unit; row j of DP group od), or zeros past the row.
 template <typename T>
 __device__ __forceinline__ void my_unit(const LamportCall& lc, int tp, int od, int64_t j, int64_t u, int64_t units,
-                                        const uint4* __restrict__ in, float (&v)[UnitQuant<T, 0>::kValues]) {
+                                        const uint4* __restrict__ in, float (&v)[UnitQuant<T, kQuantFp8>::kValues]) {
   if (u < units) return summed_unit<T>(lc, tp, od, j * units + u, in, v);
 #pragma unroll
-  for (int e = 0; e < UnitQuant<T, 0>::kValues; ++e) v[e] = 0.f;
+  for (int e = 0; e < UnitQuant<T, kQuantFp8>::kValues; ++e) v[e] = 0.f;
 }
 
 template <int N>
@@ -99,60 +99,104 @@ __device__ __forceinline__ void store_codes(const float (&v)[UnitQuant<T, F>::kV
   }
 }
 
-// Output row o (row j of DP group od) summed and quantized into out; every thread of the block
-// calls this (the block max, the shuffles). Units are waited for one at a time, in loops that are
-// not unrolled beyond one unit a thread (one copy of the wait's code, as quant_rows.cuh's
-// row_values): a block format quantizes each unit as it comes; fp8 needs the row's max first, so
-// with several units a thread it keeps their values in `row` (fp32, the thread's own: no barrier).
-template <typename T, int F, int KU>
-__device__ __forceinline__ void quantize_row(const LamportCall& lc, int tp, int od, int64_t j, int64_t o,
-                                             const uint4* __restrict__ in, int64_t units, float global_scale,
-                                             float* row, float* warp_buf, const QuantOut& out) {
-  using Q = UnitQuant<T, F>;
-  constexpr int kV = Q::kValues;
+// fp8 (one scale per row): output row o (row j of DP group od) summed and quantized into out;
+// every thread of the block calls this (the block max). Units are waited for one at a time, in
+// a loop that is not unrolled (one copy of the wait's code, as quant_rows.cuh's row_values);
+// with several units a thread their values wait for the row's max in `row` (fp32, the thread's
+// own: no barrier).
+template <typename T, int KU>
+__device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, int od, int64_t j, int64_t o,
+                                                 const uint4* __restrict__ in, int64_t units, float* row,
+                                                 float* warp_buf, const QuantOut& out) {
+  constexpr int kV = UnitQuant<T, kQuantFp8>::kValues;
+  float v[kV], a = 0.f;
+#pragma unroll 1
+  for (int k = 0; k < KU; ++k) {
+    const int64_t u = my_lane(k);
+    my_unit<T>(lc, tp, od, j, u, units, in, v);
+    a = fmaxf(a, max_abs(v));
+    if (KU > 1 && u < units) for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];
+  }
+  const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
+  if (o >= out.out_rows) return;
+  if (threadIdx.x == 0) reinterpret_cast<float*>(out.scales)[o] = token.scale;
   uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
-  uint8_t* scales = out.scales + o * out.scale_bytes;
-  const bool in_out = o < out.out_rows;
-  float v[kV];
-  if constexpr (F == kQuantFp8) {
-    float a = 0.f;
 #pragma unroll 1
-    for (int k = 0; k < KU; ++k) {
-      my_unit<T>(lc, tp, od, j, my_lane(k), units, in, v);
-      a = fmaxf(a, max_abs(v));
-      if (KU > 1 && my_lane(k) < units) for (int e = 0; e < kV; ++e) row[my_lane(k) * kV + e] = v[e];
+  for (int k = 0; k < KU; ++k) {
+    const int64_t u = my_lane(k);
+    if (u >= units) break;
+    if (KU > 1) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
+    store_codes<T, kQuantFp8>(v, token.inv, data, u);
+  }
+}
+
+// The block formats (a scale per kGroup units): every output unit summed and quantized, the
+// grid's threads one unit each in turn as the unquantized gather's receive loop (a block's
+// units are lanes of one warp: every lane of a warp takes part in each round, so the round
+// bound is the warp's). Data and scales are contiguous over rows (a row holds whole blocks), so
+// output unit o's codes are unit o of the data and its block's scale is scale o / kGroup.
+template <typename T, int F>
+__device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int tp, const RowCounts& rc, int dp,
+                                                     const uint4* __restrict__ in, int64_t row_units,
+                                                     float global_scale, const QuantOut& out) {
+  using Q = UnitQuant<T, F>;
+  const int64_t total = rc.offset[dp] * row_units, out_units = out.out_rows * row_units;
+  const int lane = threadIdx.x & 31;
+  for (int64_t first = grid_thread() - lane; first < total; first += grid_threads()) {
+    const int64_t o = first + lane;
+    float v[Q::kValues];
+    if (o < total) {
+      const int od = rc.holder(o, dp, row_units);
+      summed_unit<T>(lc, tp, od, o - rc.offset[od] * row_units, in, v);
+    } else {
+      for (int e = 0; e < Q::kValues; ++e) v[e] = 0.f;
     }
-    const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
-    if (threadIdx.x == 0 && in_out) reinterpret_cast<float*>(scales)[0] = token.scale;
-#pragma unroll 1
-    for (int k = 0; k < KU; ++k) {
-      const int64_t u = my_lane(k);
-      if (u >= units || !in_out) break;
-      if (KU > 1) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
-      store_codes<T, F>(v, token.inv, data, u);
-    }
-  } else {
-#pragma unroll 1
-    for (int k = 0; k < KU; ++k) {
-      if ((int64_t)k * kThreads >= units) break;  // uniform over the block: the shuffles below
-      const int64_t u = my_lane(k);
-      my_unit<T>(lc, tp, od, j, u, units, in, v);
-      const float amax = group_max(max_abs(v), Q::kGroup);
-      if (u >= units || !in_out) continue;
-      if constexpr (F == kQuantNvfp4) {
-        const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
-        store_codes<T, F>(v, sc.inv, data, u);
-        if (u % Q::kGroup == 0) scales[u / Q::kGroup] = sc.sf;
-      } else {
-        const Fp8Scale sc = fp8_scale(amax);
-        store_codes<T, F>(v, sc.inv, data, u);
-        if (u % Q::kGroup == 0) reinterpret_cast<float*>(scales)[u / Q::kGroup] = sc.scale;
-      }
+    const float amax = group_max(max_abs(v), Q::kGroup);
+    if (o >= total || o >= out_units) continue;
+    uint8_t* data = reinterpret_cast<uint8_t*>(out.data);
+    if constexpr (F == kQuantNvfp4) {
+      const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
+      store_codes<T, F>(v, sc.inv, data, o);
+      if (o % Q::kGroup == 0) out.scales[o / Q::kGroup] = sc.sf;
+    } else {
+      const Fp8Scale sc = fp8_scale(amax);
+      store_codes<T, F>(v, sc.inv, data, o);
+      if (o % Q::kGroup == 0) reinterpret_cast<float*>(out.scales)[o / Q::kGroup] = sc.scale;
     }
   }
 }
 
-// kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+// The input units a thread sends, i = grid_thread() + k * grid_threads() (k < KU), loaded before
+// the counts and arrive() so their latency overlaps the prologue's (rows.cuh EarlyInput, for KU
+// units: with one unit of them loaded in the send loop, a 7168-wide row's second round of
+// sends waited for its load). Zeros at `size` and beyond.
+template <int KU>
+struct EarlyUnits {
+  const uint4* __restrict__ in;
+  int64_t size;
+  uint4 first[KU];
+
+  __device__ __forceinline__ uint4 at(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < KU; ++k)
+      if (i == grid_thread() + k * grid_threads()) return first[k];
+    return i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+};
+
+template <int KU>
+__device__ __forceinline__ EarlyUnits<KU> early_units(const uint4* __restrict__ in, int64_t size) {
+  EarlyUnits<KU> e{in, size, {}};
+#pragma unroll
+  for (int k = 0; k < KU; ++k) {
+    const int64_t i = grid_thread() + k * grid_threads();
+    e.first[k] = i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+  return e;
+}
+
+// KU: the units a thread sends (and, fp8, sums) in a call whose grid is one block a row
+// (fp8), else 1. kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
 template <typename T, int F, int KU, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_local(GroupArgs g, const __grid_constant__ LamportArgs l, int tp, const uint4* __restrict__ in,
@@ -164,7 +208,7 @@ __global__ void __launch_bounds__(kThreads)
   LamportCall lc = begin_lamport_call(g, l, kGatherTokens);
   const int n = g.nranks, dp = n / tp, d = g.me / tp;
   const int64_t row_units = io.row_lanes / 2;
-  const EarlyInput<uint4> input = early_input(in, io.in_rows * row_units);
+  const EarlyUnits<KU> input = early_units<KU>(in, io.in_rows * row_units);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   RowCounts rc = lamport_counts(lc, counted<kOwn>(io, d).sizes, dp, row_units);
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
@@ -182,11 +226,41 @@ __global__ void __launch_bounds__(kThreads)
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);
   if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
-  for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
-    const int od = rc.holder(o, dp, 1);
-    quantize_row<T, F, KU>(lc, tp, od, o - rc.offset[od], o, in, row_units, global_scale, row, warp_buf, out);
+  if constexpr (F == kQuantFp8) {
+    for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
+      const int od = rc.holder(o, dp, 1);
+      quantize_fp8_row<T, KU>(lc, tp, od, o - rc.offset[od], o, in, row_units, row, warp_buf, out);
+    }
+  } else {
+    quantize_block_units<T, F>(lc, tp, rc, dp, in, row_units, global_scale, out);
   }
   end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
+}
+
+// The launch of one dtype and format: the unquantized gather's grid (a unit a thread) for the
+// block formats; for fp8 a block a row, KU units a thread (an instance each, up to
+// kMaxQuantHidden: 16-bit rows 1408 units, fp32 2816).
+template <typename T, int F>
+int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* in, const float* global_scale,
+                 const QuantOut& out, const RowsArg& io, int64_t hidden, int pdl, cudaStream_t stream) {
+  const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out.out_rows);
+  const int64_t units = hidden * (int64_t)sizeof(T) / kLamportUnitBytes;  // a row's
+  const auto launch = [&](auto ku, int blocks, size_t smem) {
+    constexpr int KU = decltype(ku)::value;
+    return launch_kernel_smem(io.sizes.own ? lamport_quant_local<T, F, KU, true> : lamport_quant_local<T, F, KU, false>,
+                              blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, global_scale, out, io);
+  };
+  if constexpr (F != kQuantFp8) {
+    return launch(std::integral_constant<int, 1>{}, blocks_for(rows * units, *g), 0);
+  } else {
+    const int blocks = (int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks);
+    const size_t smem = quant_staging_bytes(hidden);
+    const int64_t ku = ceil_div(units, kThreads);
+    if (ku <= 1) return launch(std::integral_constant<int, 1>{}, blocks, smem);
+    if (ku <= 2) return launch(std::integral_constant<int, 2>{}, blocks, smem);
+    if (ku <= 3) return launch(std::integral_constant<int, 3>{}, blocks, smem);
+    return launch(std::integral_constant<int, sizeof(T) == 4 ? 6 : 3>{}, blocks, smem);
+  }
 }
 
 }  // namespace hc
@@ -200,24 +274,8 @@ int hc::launch_lamport_quant_local(const GroupArgs* g, const LamportArgs* l, int
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,
                                 own_count);
-    const QuantOut out = quant_out<Fmt>(hidden, out_data, out_scales, out_rows);
-    const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows);
-    const int blocks = (int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks);
-    const size_t smem = quant_staging_bytes(hidden);
-    const auto launch = [&](auto ku) {
-      constexpr int KU = decltype(ku)::value;
-      return launch_kernel_smem(own_count ? lamport_quant_local<Elem, Fmt, KU, true>
-                                          : lamport_quant_local<Elem, Fmt, KU, false>,
-                                blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, global_scale, out,
-                                io);
-    };
-    // Units per thread, an instance each: every hidden size up to kMaxQuantHidden (16-bit rows:
-    // 1408 units, fp32: 2816).
-    const int64_t ku = ceil_div(hidden * (int64_t)sizeof(Elem) / kLamportUnitBytes, kThreads);
-    if (ku <= 1) status = launch(std::integral_constant<int, 1>{});
-    else if (ku <= 2) status = launch(std::integral_constant<int, 2>{});
-    else if (ku <= 3) status = launch(std::integral_constant<int, 3>{});
-    else if (ku <= 6) status = launch(std::integral_constant<int, sizeof(Elem) == 4 ? 6 : 3>{});  // (fp32 only)
+    status = launch_local<Elem, Fmt>(g, l, tp, in, global_scale, quant_out<Fmt>(hidden, out_data, out_scales, out_rows),
+                                     io, hidden, pdl, stream);
   }));
   return status;
 }
