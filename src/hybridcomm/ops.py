@@ -111,8 +111,9 @@ QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER, **OWN),
                     Algorithm("quant_lamport", abi.QuantGatherAlgorithm.OWNER, LAMPORT, **OWN))
 # gather_tokens' own: the unquantized one-shot Lamport gather, every rank quantizing every row it
 # sums (csrc/lamport_quant_local.cu): one hop for every row, partial rows on the wire unquantized.
-# Partial rows only: fused or replicated rows run quant_one_hop instead, and with attn_tp = 1
-# quant (nvlink.py); so its capacity is the LL kernels' bound.
+# Partial rows only, fused ones with one DP group (other groups' residuals are elsewhere): the rest
+# run quant_one_hop instead, and with attn_tp = 1 quant (nvlink.py); so its capacity is the LL
+# kernels' bound.
 QUANT_LOCAL = Algorithm("quant_local", abi.QuantGatherAlgorithm.LOCAL, LAMPORT, **OWN)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (

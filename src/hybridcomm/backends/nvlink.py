@@ -186,9 +186,10 @@ class NvlinkBackend:
         """One kernel: reduce over tp (when partial), add + norm (fusion), quantize, gather (on
         the Lamport protocol or LL; `spec`: the quantized op whose `algorithm` runs)."""
         residual, weight, eps = (None, None, 0.0) if fusion is None else (fusion.residual, fusion.weight, fusion.eps)
-        if algorithm == QUANT_LOCAL.name and (tp == 1 or not partial or fusion is not None):
-            # Its kernel sums partial rows only (ops.QUANT_LOCAL): the LL kernel's one-hop path runs
-            # these (the owner path where tp = 1), within the LL bound _bounding_protocol gave.
+        if algorithm == QUANT_LOCAL.name and (tp == 1 or not partial or (fusion is not None and tp < group.size)):
+            # Its kernel sums partial rows, fused ones with one DP group only (ops.QUANT_LOCAL): the LL
+            # kernel's one-hop path runs the others (the owner path where tp = 1), within the LL bound
+            # _bounding_protocol gave.
             algorithm = "quant" if tp == 1 else "quant_one_hop"
         data, scales, residual_out = kernels.call(
             "quant_gather", x, *_gather_sizes(sizes), residual, weight, eps, quant.global_scale,

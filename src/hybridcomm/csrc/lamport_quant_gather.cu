@@ -178,10 +178,11 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
                                        int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
   if (!quant_args_valid(g, algorithm, format, tp, hidden, global_scale, sizes_device, own_count))
     return (int)cudaErrorInvalidValue;
-  if (algorithm == kQuantGatherLocal) {  // partial rows, not fused (lamport_quant_local.cu)
-    if (!partial || residual || weight || op != kGatherTokens) return (int)cudaErrorInvalidValue;
-    return launch_lamport_quant_local(g, l, format, dtype, tp, in, global_scale, out_data, out_scales, sizes_device,
-                                      sizes_host, own_count, hidden, in_rows, out_rows, pdl, stream);
+  if (algorithm == kQuantGatherLocal) {  // partial rows; fused with one DP group (lamport_quant_local.cu)
+    if (!partial || op != kGatherTokens) return (int)cudaErrorInvalidValue;
+    return launch_lamport_quant_local(g, l, format, dtype, tp, in, residual, weight, residual_out, eps, global_scale,
+                                      out_data, out_scales, sizes_device, sizes_host, own_count, hidden, in_rows,
+                                      out_rows, pdl, stream);
   }
   int status = 0;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {

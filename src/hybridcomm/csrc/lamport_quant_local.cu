@@ -39,14 +39,44 @@ struct UnitQuant {
   static_assert(kBlock == 0 || (kGroup >= 1 && kGroup <= 32), "a block's units are lanes of one warp");
 };
 
+// The input units a thread sends, i = grid_thread() + k * grid_threads() (k < KU), loaded before
+// the counts and arrive() so their latency overlaps the prologue's (rows.cuh EarlyInput, for KU
+// units: with one unit of them loaded in the send loop, a 7168-wide row's second round of
+// sends waited for its load). Zeros at `size` and beyond.
+template <int KU>
+struct EarlyUnits {
+  const uint4* __restrict__ in;
+  int64_t size;
+  uint4 first[KU];
+
+  __device__ __forceinline__ uint4 at(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < KU; ++k)
+      if (i == grid_thread() + k * grid_threads()) return first[k];
+    return i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+};
+
+template <int KU>
+__device__ __forceinline__ EarlyUnits<KU> early_units(const uint4* __restrict__ in, int64_t size) {
+  EarlyUnits<KU> e{in, size, {}};
+#pragma unroll
+  for (int k = 0; k < KU; ++k) {
+    const int64_t i = grid_thread() + k * grid_threads();
+    e.first[k] = i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+  return e;
+}
+
 // Unit i of DP group od's rows summed over its tp ranks in tp order (my own partial unit, when
-// od is my group, from `in`), fp32, rounded once to T; into v[0 .. kValues).
-template <typename T>
+// od is my group, from my input: the register it was sent from where this thread sent it), fp32,
+// rounded once to T; into v[0 .. kValues).
+template <typename T, int KU>
 __device__ __forceinline__ void summed_unit(const LamportCall& lc, int tp, int od, int64_t i,
-                                            const uint4* __restrict__ in, float* v) {
+                                            const EarlyUnits<KU>& in, float* v) {
   const int me = lc.cx.g.me, d = me / tp, t = me % tp;
   uint4 data[kMaxRanks];
-  const uint4 local = od == d ? fix_reserved<T>(in[i]) : make_uint4(0, 0, 0, 0);
+  const uint4 local = od == d ? fix_reserved<T>(in.at(i)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
   wait_units(lc, tp, od * tp, i, [&](int s) { return !(od == d && s == t); }, data);
@@ -63,10 +93,10 @@ __device__ __forceinline__ void summed_unit(const LamportCall& lc, int tp, int o
 }
 
 // My unit u of a row (of `units`) summed (summed_unit; row j of DP group od), or zeros past the row.
-template <typename T>
+template <typename T, int KU>
 __device__ __forceinline__ void my_unit(const LamportCall& lc, int tp, int od, int64_t j, int64_t u, int64_t units,
-                                        const uint4* __restrict__ in, float (&v)[UnitQuant<T, kQuantFp8>::kValues]) {
-  if (u < units) return summed_unit<T>(lc, tp, od, j * units + u, in, v);
+                                        const EarlyUnits<KU>& in, float (&v)[UnitQuant<T, kQuantFp8>::kValues]) {
+  if (u < units) return summed_unit<T, KU>(lc, tp, od, j * units + u, in, v);
 #pragma unroll
   for (int e = 0; e < UnitQuant<T, kQuantFp8>::kValues; ++e) v[e] = 0.f;
 }
@@ -106,14 +136,14 @@ __device__ __forceinline__ void store_codes(const float (&v)[UnitQuant<T, F>::kV
 // own: no barrier).
 template <typename T, int KU>
 __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, int od, int64_t j, int64_t o,
-                                                 const uint4* __restrict__ in, int64_t units, float* row,
+                                                 const EarlyUnits<KU>& in, int64_t units, float* row,
                                                  float* warp_buf, const QuantOut& out) {
   constexpr int kV = UnitQuant<T, kQuantFp8>::kValues;
   float v[kV], a = 0.f;
 #pragma unroll 1
   for (int k = 0; k < KU; ++k) {
     const int64_t u = my_lane(k);
-    my_unit<T>(lc, tp, od, j, u, units, in, v);
+    my_unit<T, KU>(lc, tp, od, j, u, units, in, v);
     a = fmaxf(a, max_abs(v));
     if (KU > 1 && u < units) for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];
   }
@@ -135,9 +165,9 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
 // units are lanes of one warp: every lane of a warp takes part in each round, so the round
 // bound is the warp's). Data and scales are contiguous over rows (a row holds whole blocks), so
 // output unit o's codes are unit o of the data and its block's scale is scale o / kGroup.
-template <typename T, int F>
+template <typename T, int F, int KU>
 __device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int tp, const RowCounts& rc, int dp,
-                                                     const uint4* __restrict__ in, int64_t row_units,
+                                                     const EarlyUnits<KU>& in, int64_t row_units,
                                                      float global_scale, const QuantOut& out) {
   using Q = UnitQuant<T, F>;
   const int64_t total = rc.offset[dp] * row_units, out_units = out.out_rows * row_units;
@@ -147,7 +177,7 @@ __device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int 
     float v[Q::kValues];
     if (o < total) {
       const int od = rc.holder(o, dp, row_units);
-      summed_unit<T>(lc, tp, od, o - rc.offset[od] * row_units, in, v);
+      summed_unit<T, KU>(lc, tp, od, o - rc.offset[od] * row_units, in, v);
     } else {
       for (int e = 0; e < Q::kValues; ++e) v[e] = 0.f;
     }
@@ -166,41 +196,142 @@ __device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int 
   }
 }
 
-// The input units a thread sends, i = grid_thread() + k * grid_threads() (k < KU), loaded before
-// the counts and arrive() so their latency overlaps the prologue's (rows.cuh EarlyInput, for KU
-// units: with one unit of them loaded in the send loop, a 7168-wide row's second round of
-// sends waited for its load). Zeros at `size` and beyond.
-template <int KU>
-struct EarlyUnits {
-  const uint4* __restrict__ in;
-  int64_t size;
-  uint4 first[KU];
-
-  __device__ __forceinline__ uint4 at(int64_t i) const {
-#pragma unroll
-    for (int k = 0; k < KU; ++k)
-      if (i == grid_thread() + k * grid_threads()) return first[k];
-    return i < size ? in[i] : make_uint4(0, 0, 0, 0);
-  }
+// The fused call's tensors, in 16-byte units of T (residual null: not fused).
+struct Fusion {
+  const uint4* __restrict__ residual;
+  const uint4* __restrict__ weight;
+  uint4* __restrict__ residual_out;
+  float eps;
 };
 
-template <int KU>
-__device__ __forceinline__ EarlyUnits<KU> early_units(const uint4* __restrict__ in, int64_t size) {
-  EarlyUnits<KU> e{in, size, {}};
-#pragma unroll
+// Fused (residual add + RMSNorm; one DP group, so every row is this rank's group's and its
+// residual is here): row r summed over tp in fp32 with the residual added before the single
+// rounding (residual_out), staged in `row`, normalised as gather_tokens.cu's gather_fused does
+// (each thread's sum of squares over the lanes it would hold there, strided by the block; the
+// same block sum), rounded, quantized. So the normed rows are our unquantized fused gather's,
+// bit for bit, as the other quantized kernels' (docs/quantization.md). Every thread of the block
+// calls this.
+template <typename T, int F, int KU>
+__device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp, int64_t r, const EarlyUnits<KU>& in,
+                                                   const Fusion& fu, int64_t units, int64_t in_rows,
+                                                   float global_scale, float* row, float* warp_buf,
+                                                   const QuantOut& out) {
+  using Q = UnitQuant<T, F>;
+  constexpr int kV = Q::kValues, kN = Lane<T>::kN;
+  const int t = lc.cx.g.me % tp;
+  const bool in_bounds = r < in_rows;
+#pragma unroll 1
   for (int k = 0; k < KU; ++k) {
-    const int64_t i = grid_thread() + k * grid_threads();
-    e.first[k] = i < size ? in[i] : make_uint4(0, 0, 0, 0);
+    const int64_t u = my_lane(k);
+    if (u >= units) continue;
+    const int64_t i = r * units + u;
+    uint4 data[kMaxRanks];
+    const uint4 local = fix_reserved<T>(in.at(i));
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
+    wait_units(lc, tp, 0, i, [&](int s) { return s != t; }, data);
+    uint2 lo[kMaxRanks], hi[kMaxRanks];
+#pragma unroll
+    for (int s = 0; s < kMaxRanks; ++s) {
+      lo[s] = make_uint2(data[s].x, data[s].y);
+      hi[s] = make_uint2(data[s].z, data[s].w);
+    }
+    float a[4], b[4], ra[4], rb[4];
+    sum_lanes<T>(lo, tp, a);
+    sum_lanes<T>(hi, tp, b);
+    const uint4 res = in_bounds ? fu.residual[i] : make_uint4(0, 0, 0, 0);
+    Lane<T>::unpack(make_uint2(res.x, res.y), ra);
+    Lane<T>::unpack(make_uint2(res.z, res.w), rb);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) a[e] += ra[e], b[e] += rb[e];
+    const uint2 pa = Lane<T>::pack(a), pb = Lane<T>::pack(b);
+    if (in_bounds) fu.residual_out[i] = make_uint4(pa.x, pa.y, pb.x, pb.y);
+    Lane<T>::unpack(pa, a);  // the norm sees the rounded residual
+    Lane<T>::unpack(pb, b);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) row[u * kV + e] = a[e], row[u * kV + kN + e] = b[e];
   }
-  return e;
+  __syncthreads();  // the row is staged
+  const int64_t row_lanes = 2 * units;
+  const float inv_hidden = 1.0f / (float)(row_lanes * kN);
+  float sumsq = 0.f;
+  for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      const float a = row[l * kN + e];
+      sumsq += a * a;
+    }
+  }
+  const float scale = 1.0f / sqrtf(block_sum(sumsq, warp_buf) * inv_hidden + fu.eps);  // (its barriers: row read)
+  // My unit u normed and rounded to T, into v.
+  const auto normed = [&](int64_t u, float (&v)[kV]) {
+    const uint4 w4 = fu.weight[u];
+    float wa[4], wb[4];
+    Lane<T>::unpack(make_uint2(w4.x, w4.y), wa);
+    Lane<T>::unpack(make_uint2(w4.z, w4.w), wb);
+    float a[4], b[4];
+#pragma unroll
+    for (int e = 0; e < kN; ++e) a[e] = row[u * kV + e] * scale * wa[e], b[e] = row[u * kV + kN + e] * scale * wb[e];
+    Lane<T>::unpack(Lane<T>::pack(a), a);
+    Lane<T>::unpack(Lane<T>::pack(b), b);
+#pragma unroll
+    for (int e = 0; e < kN; ++e) v[e] = a[e], v[kN + e] = b[e];
+  };
+  const int64_t o = r;  // (one DP group: output row = row of the group)
+  uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
+  uint8_t* scales = out.scales + o * out.scale_bytes;
+  float v[kV];
+  if constexpr (F == kQuantFp8) {
+    float a = 0.f;
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      const int64_t u = my_lane(k);
+      if (u >= units) continue;
+      normed(u, v);
+      a = fmaxf(a, max_abs(v));
+      for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];  // (my own elements)
+    }
+    const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
+    if (o >= out.out_rows) return;
+    if (threadIdx.x == 0) reinterpret_cast<float*>(scales)[0] = token.scale;
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      const int64_t u = my_lane(k);
+      if (u >= units) break;
+      for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
+      store_codes<T, F>(v, token.inv, data, u);
+    }
+  } else {
+#pragma unroll 1
+    for (int k = 0; k < KU; ++k) {
+      if ((int64_t)k * kThreads >= units) break;  // uniform over the block: the shuffles below
+      const int64_t u = my_lane(k);
+      if (u < units) normed(u, v);
+      else for (int e = 0; e < kV; ++e) v[e] = 0.f;
+      const float amax = group_max(max_abs(v), Q::kGroup);
+      if (u >= units || o >= out.out_rows) continue;
+      if constexpr (F == kQuantNvfp4) {
+        const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
+        store_codes<T, F>(v, sc.inv, data, u);
+        if (u % Q::kGroup == 0) scales[u / Q::kGroup] = sc.sf;
+      } else {
+        const Fp8Scale sc = fp8_scale(amax);
+        store_codes<T, F>(v, sc.inv, data, u);
+        if (u % Q::kGroup == 0) reinterpret_cast<float*>(scales)[u / Q::kGroup] = sc.scale;
+      }
+    }
+  }
+  // (No barrier before the next row: what it stages over, every thread reads only its own
+  // elements from here on; the others' it read before block_sum's barriers.)
 }
 
-// KU: the units a thread sends (and, fp8, sums) in a call whose grid is one block a row
-// (fp8), else 1. kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
-template <typename T, int F, int KU, bool kOwn>
+// KU: the units a thread sends (and sums) in a call whose grid is one block a row (fp8, fused),
+// else 1. kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
+// kFused: residual add + RMSNorm (fu), one DP group only.
+template <typename T, int F, int KU, bool kOwn, bool kFused>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_local(GroupArgs g, const __grid_constant__ LamportArgs l, int tp, const uint4* __restrict__ in,
-                        const float* __restrict__ global_scale_ptr, QuantOut out, RowsArg io) {
+                        Fusion fu, const float* __restrict__ global_scale_ptr, QuantOut out, RowsArg io) {
   extern __shared__ float4 staged_[];  // rows of several units a thread: each thread's values
   float* row = reinterpret_cast<float*>(staged_);
   __shared__ float warp_buf[kThreads / 32];
@@ -214,7 +345,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kOwn) rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, rc.count(d) > io.in_rows || rc.offset[dp] > io.out_rows);
   // The quantized gathers' fields in the width's high byte (lamport_quant_gather.cu: why).
-  const uint64_t width = (uint64_t)row_units * 16 | (uint64_t)quant_fields<F>(false, true, true) << 24;
+  const uint64_t width = (uint64_t)row_units * 16 | (uint64_t)quant_fields<F>(kFused, true, true) << 24;
   arrive(lc.cx, make_fingerprint(kGatherTokens, Lane<T>::kDType, lc.algorithm(), (tp - 1) | 8, rc.hash, width));
   if constexpr (kOwn) publish_own_count(lc.cx, io, rc, d);
   const int64_t my_units = rc.count(d) * row_units;
@@ -226,31 +357,37 @@ __global__ void __launch_bounds__(kThreads)
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);
   if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
-  if constexpr (F == kQuantFp8) {
+  if constexpr (kFused) {
+    for (int64_t r = blockIdx.x; r < rc.count(d); r += gridDim.x)  // (dp == 1: every row is my group's)
+      quantize_fused_row<T, F, KU>(lc, tp, r, input, fu, row_units, io.in_rows, global_scale, row, warp_buf, out);
+  } else if constexpr (F == kQuantFp8) {
     for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
       const int od = rc.holder(o, dp, 1);
-      quantize_fp8_row<T, KU>(lc, tp, od, o - rc.offset[od], o, in, row_units, row, warp_buf, out);
+      quantize_fp8_row<T, KU>(lc, tp, od, o - rc.offset[od], o, input, row_units, row, warp_buf, out);
     }
   } else {
-    quantize_block_units<T, F>(lc, tp, rc, dp, in, row_units, global_scale, out);
+    quantize_block_units<T, F, KU>(lc, tp, rc, dp, input, row_units, global_scale, out);
   }
   end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
 }
 
 // The launch of one dtype and format: the unquantized gather's grid (a unit a thread) for the
-// block formats; for fp8 a block a row, KU units a thread (an instance each, up to
-// kMaxQuantHidden: 16-bit rows 1408 units, fp32 2816).
-template <typename T, int F>
-int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* in, const float* global_scale,
-                 const QuantOut& out, const RowsArg& io, int64_t hidden, int pdl, cudaStream_t stream) {
+// block formats; for fp8 and fused rows a block a row, KU units a thread (an instance each, up
+// to kMaxQuantHidden: 16-bit rows 1408 units, fp32 2816).
+template <typename T, int F, bool kFused>
+int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* in, const Fusion& fu,
+                 const float* global_scale, const QuantOut& out, const RowsArg& io, int64_t hidden, int pdl,
+                 cudaStream_t stream) {
   const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out.out_rows);
   const int64_t units = hidden * (int64_t)sizeof(T) / kLamportUnitBytes;  // a row's
   const auto launch = [&](auto ku, int blocks, size_t smem) {
     constexpr int KU = decltype(ku)::value;
-    return launch_kernel_smem(io.sizes.own ? lamport_quant_local<T, F, KU, true> : lamport_quant_local<T, F, KU, false>,
-                              blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, global_scale, out, io);
+    return launch_kernel_smem(io.sizes.own ? lamport_quant_local<T, F, KU, true, kFused>
+                                           : lamport_quant_local<T, F, KU, false, kFused>,
+                              blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, fu, global_scale,
+                              out, io);
   };
-  if constexpr (F != kQuantFp8) {
+  if constexpr (F != kQuantFp8 && !kFused) {
     return launch(std::integral_constant<int, 1>{}, blocks_for(rows * units, *g), 0);
   } else {
     const int blocks = (int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks);
@@ -266,16 +403,22 @@ int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* i
 }  // namespace hc
 
 int hc::launch_lamport_quant_local(const GroupArgs* g, const LamportArgs* l, int format, int dtype, int tp,
-                                   const void* in, const float* global_scale, void* out_data, void* out_scales,
+                                   const void* in, const void* residual, const void* weight, void* residual_out,
+                                   float eps, const float* global_scale, void* out_data, void* out_scales,
                                    const int32_t* sizes_device, const int32_t* sizes_host, const int32_t* own_count,
                                    int64_t hidden, int64_t in_rows, int64_t out_rows, int pdl, cudaStream_t stream) {
-  if (tp < 2) return (int)cudaErrorInvalidValue;  // no partial rows to sum: quant's path (the launcher's caller)
+  // tp >= 2: no partial rows to sum otherwise (quant's path, the launcher's caller); fused: one DP
+  // group (the residual of other groups' rows is not here).
+  const bool fused = weight != nullptr;
+  if (tp < 2 || (fused && (g->nranks != tp || !residual || !residual_out))) return (int)cudaErrorInvalidValue;
+  const Fusion fu{(const uint4*)residual, (const uint4*)weight, (uint4*)residual_out, eps};
   int status = (int)cudaErrorInvalidValue;
   HC_DISPATCH_DTYPE(dtype, HC_DISPATCH_QUANT(format, {
     const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, hidden * sizeof(Elem), in_rows, out_rows,
                                 own_count);
-    status = launch_local<Elem, Fmt>(g, l, tp, in, global_scale, quant_out<Fmt>(hidden, out_data, out_scales, out_rows),
-                                     io, hidden, pdl, stream);
+    const QuantOut out = quant_out<Fmt>(hidden, out_data, out_scales, out_rows);
+    status = fused ? launch_local<Elem, Fmt, true>(g, l, tp, in, fu, global_scale, out, io, hidden, pdl, stream)
+                   : launch_local<Elem, Fmt, false>(g, l, tp, in, fu, global_scale, out, io, hidden, pdl, stream);
   }));
   return status;
 }
