@@ -146,7 +146,8 @@ def _quant_results(rng: random.Random) -> dict:
         for tokens in (1, 16, 64, 128, 256, 512, 1024):
             rows, base = tokens * groups, rng.uniform(5, 50)
             win = "hc_quant_local" if layout == "tp2" and rows <= 128 else "hc_quant"
-            ours = ["hc_quant", "hc_quant_lamport"] + (["hc_quant_one_hop", "hc_quant_local"] if layout == "tp2" else [])
+            tp_only = ["hc_quant_one_hop", "hc_quant_local"] if layout == "tp2" else []
+            ours = ["hc_quant", "hc_quant_lamport"] + tp_only
             us = {impl: base if impl == win else base * (1.2 + rng.uniform(0, 1)) for impl in ours}
             us.update(nccl_q=base * 3, hybridcomm=base / 2, hc_bf16=base / 2, nccl_symm_q=base / 2, nccl_ag_only=1.0)
             for case in ("balanced", "imbalanced"):  # (the imbalanced ones are not evidence)
@@ -302,16 +303,16 @@ def test_tune_from_files_on_the_command_line(tmp_path, capsys, monkeypatch):
     assert "not the results of `hybridcomm bench ops`" in capsys.readouterr().err
 
 
-def test_measuring_runs_both_benchmarks_and_keeps_their_results(tmp_path, capsys, monkeypatch):
-    """The GPU path's plumbing, with the benchmarks replaced by the committed 4xH200 results
+def test_measuring_runs_the_benchmarks_and_keeps_their_results(tmp_path, capsys, monkeypatch):
+    """The GPU path's plumbing, with the benchmarks replaced by the committed 2xH200 results
     (the measurement itself needs GPUs: tests/test_gpu.py does not time, the lead's run does)."""
     import torch
 
-    from hybridcomm.bench import ops as bench_ops, transitions as bench_transitions
+    from hybridcomm.bench import ops as bench_ops, quant as bench_quant, transitions as bench_transitions
 
     calls = []
-    committed = {kind: json.loads((REPO / f"results/4xH200/{kind}_4xH200.json").read_text())
-                 for kind in ("ops", "transitions")}
+    kinds = ("ops", "transitions", "quant")
+    committed = {kind: json.loads((REPO / f"results/2xH200/{kind}_2xH200.json").read_text()) for kind in kinds}
 
     def fake_ops(world, device, sizes):
         calls.append(("ops", world, device, sizes))
@@ -321,17 +322,23 @@ def test_measuring_runs_both_benchmarks_and_keeps_their_results(tmp_path, capsys
         calls.append(("transitions", world, layouts))
         return committed["transitions"]
 
+    def fake_quant(layouts, formats, hiddens, tokens, world):
+        calls.append(("quant", world, layouts, formats, hiddens, tokens))
+        return committed["quant"]
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(bench_ops, "bench_ops", fake_ops)
     monkeypatch.setattr(bench_transitions, "bench_transitions", fake_transitions)
+    monkeypatch.setattr(bench_quant, "bench_quant", fake_quant)
     out = tmp_path / "table.json"
     assert main(["tune", "--sizes", "2K,1M", "--out", str(out)]) == 0, capsys.readouterr().err
-    assert calls == [("ops", 4, "cuda", [2048, 1 << 20]), ("transitions", 4, ["dp4", "dp2xtp2", "tp4"])]
+    assert calls == [("ops", 2, "cuda", [2048, 1 << 20]), ("transitions", 2, ["dp2", "tp2"]),
+                     ("quant", 2, ["dp2", "tp2"], ["fp8", "fp8_block128", "nvfp4"], [4096, 7168], tune.QUANT_TOKENS)]
     doc = json.loads(out.read_text())
-    assert [s["file"] for s in doc["measured_on"]["sources"]] == [str(tmp_path / "table_ops.json"),
-                                                                  str(tmp_path / "table_transitions.json")]
-    for kind in ("ops", "transitions"):
+    assert [s["file"] for s in doc["measured_on"]["sources"]] == [str(tmp_path / f"table_{kind}.json")
+                                                                  for kind in kinds]
+    for kind in kinds:
         assert json.loads((tmp_path / f"table_{kind}.json").read_text()) == committed[kind]
         assert (tmp_path / f"table_{kind}.md").exists()
-    assert table_file.load(out) == table_file.load("4xH200")
+    assert table_file.load(out) == table_file.load("2xH200")

@@ -429,8 +429,8 @@ def parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="a selection table from measurements (src/hybridcomm/tune.py), as JSON")
     tune.add_argument("--from", dest="from_files", nargs="+", default=None, metavar="RESULTS",
-                      help="`bench ops` / `bench transitions` / `bench quant` JSON files to tune from (no GPU needed); "
-                           "without it tune runs both benchmarks (GPUs)")
+                      help="`bench ops` / `bench transitions` / `bench quant` JSON files to tune from (no GPU "
+                           "needed); without it tune runs the three benchmarks (GPUs)")
     tune.add_argument("--world", type=ca.positive_int, default=None, help="ranks to measure on (default: every GPU)")
     tune.add_argument("--layouts", type=ca.layout_list, default=None,
                       help="transitions layouts (default: every attention layout of --world, moe_tp 1)")

@@ -278,16 +278,25 @@ def tune_files(paths: list[str], tolerance: float = TOLERANCE) -> dict:
     return tune(sources, tolerance)
 
 
+# What `tune` measures of the quantized gathers (bench quant): every format at the model hidden
+# sizes, the token counts gpu_check.sh's quant stage times.
+QUANT_TOKENS = [1, 16, 64, 128, 256, 512, 1024]
+
+
 def measure(world: int, layouts: list[Layout], sizes: list[int] | None, out: str | None) -> list[tuple[str, dict]]:
-    """Run `bench ops` and `bench transitions` on `world` GPUs; with `out`, save their results
-    beside it (<stem>_ops.json, <stem>_transitions.json, with .md and .png) so the table's
-    sources exist as files."""
+    """Run `bench ops`, `bench transitions` and `bench quant` on `world` GPUs; with `out`, save
+    their results beside it (<stem>_ops.json, <stem>_transitions.json, <stem>_quant.json, with
+    .md and .png) so the table's sources exist as files."""
     from .bench import report
     from .bench.ops import bench_ops
+    from .bench.quant import HIDDENS, bench_quant
     from .bench.transitions import bench_transitions
+    from .quant import FORMATS
 
+    names = [lay.name for lay in layouts]
     runs = [("ops", bench_ops(world, "cuda", sizes)),
-            ("transitions", bench_transitions([lay.name for lay in layouts], world))]
+            ("transitions", bench_transitions(names, world)),
+            ("quant", bench_quant(names, list(FORMATS), list(HIDDENS), QUANT_TOKENS, world))]
     sources = []
     for kind, results in runs:
         name = f"bench {kind} (not saved)"

@@ -85,11 +85,13 @@ class NvlinkBackend:
         gathers' partial rows (gather_tokens with attention TP > 1), which reach their owner on
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
         width (csrc/quant_gather.cu). Their wire rows are smaller than the unquantized ones
-        counted here, so the Lamport kernel's DP rows fit whenever these do."""
+        counted here, so the Lamport kernel's DP rows fit whenever these do. quant_local: LL too
+        (its unquantized rows fill half as much of its Lamport areas; the calls it hands to the
+        LL kernel, _quant_gather, need the LL bound)."""
         if not spec.quantized or alg.protocol is LAMPORT and alg is not QUANT_LOCAL and not (
                 spec.name == "gather_tokens_quant" and self.layout.attn_tp > 1):
             return alg.protocol
-        return LL  # (quant_local: its Lamport areas hold the partial rows; where it runs an LL kernel, this)
+        return LL
 
     # -- ops ---------------------------------------------------------------------------------
     def all_reduce(self, x, group: Group, algorithm):

@@ -1,23 +1,24 @@
 // gather_tokens with quantized rows, quantized where they land (algorithm quant_local): the
 // unquantized one-shot Lamport gather (lamport_tokens.cu), each rank quantizing every row it
-// has summed. Partial rows only (attn_tp >= 2, not fused: the launcher's caller runs
-// quant_one_hop otherwise).
+// has summed. Partial rows only (attn_tp >= 2), fused ones with one DP group (the residual of a
+// row is on its own group's ranks); the launcher's caller runs the LL kernel's paths otherwise.
 //
 // Where it wins: at a few tokens a call's time is latency, not bytes, and the quantized
 // gathers' other algorithms take two hops (owner) or stage a row's partial lanes on LL and
-// quantize in a larger kernel (one hop); this is the bf16 gather's single hop plus one block
-// max and the codes. The wire carries the partial rows unquantized, so it moves more bytes than
-// the owner algorithms from the middle sizes up: the table decides.
+// quantize in a larger kernel (one hop); this is the bf16 gather's single hop plus the row's
+// quantization. The wire carries the partial rows unquantized, so it moves more bytes than the
+// owner algorithms from the middle sizes up: the table decides.
 //
 // Bits: every rank sums a row's tp partial units in tp order in fp32 and rounds once to T, as
-// the reference's unquantized gather does, then applies quant.cuh's quantizer, the reference
-// quantizer's operations; so every rank writes the same bytes, equal to the reference's.
+// the reference's unquantized gather does (fused: as gather_tokens.cu's gather_fused does), then
+// applies quant.cuh's quantizer, the reference quantizer's operations; so every rank writes the
+// same bytes, the reference's.
 //
-//   send:    my partial units to every peer (16 data bytes a store, lamport_tokens.cu's order);
-//   receive: one block per output row, thread x holding the row's data lanes x + k * kThreads
-//            (quant_rows.cuh); a lane's units are waited for, summed and rounded, kept in
-//            shared memory by the thread that sums them (only it reads them back: no barrier),
-//            then the row is quantized and stored (quantize_and_emit).
+//   send:    my partial units to every peer (16 data bytes a store, lamport_tokens.cu's order),
+//            from registers loaded before the arrival (EarlyUnits);
+//   receive: a thread works whole 16-byte units (UnitQuant). Block formats: a unit a thread over
+//            the grid, as the unquantized gather's receive loop. fp8 (one scale a row) and fused
+//            rows: a block a row, KU units a thread (the row's max, the norm's sum).
 #include "lamport.cuh"
 #include "lamport_quant_local.h"
 #include "own_count.cuh"
