@@ -113,6 +113,27 @@ __device__ __forceinline__ uint32_t wait_units(const LamportCall& lc, int n, int
       [](const uint4* p, uint4& v) { return try_get_unit(p, v); }, data);
 }
 
+// Unit i of members member_base .. member_base + n - 1 (the sources of one sum, in its order)
+// into data[0 .. n). When `mine`, source `self` is me and my unit is `my` (the bits my peers
+// receive from me); the others arrive in my areas. The receive step of every Lamport reduction.
+__device__ __forceinline__ uint32_t receive_units(const LamportCall& lc, int n, int member_base, bool mine, int self,
+                                                  int64_t i, const uint4& my, uint4 (&data)[kMaxRanks]) {
+#pragma unroll
+  for (int s = 0; s < kMaxRanks; ++s) data[s] = my;  // kept for s == self
+  return wait_units(lc, n, member_base, i, [&](int s) { return !(mine && s == self); }, data);
+}
+
+// Unit i of DP group od's partial rows from its tp ranks (members od * tp + s, s < tp, in tp
+// order) into data[0 .. tp); when od is my group d (I am its tp rank t), my own is my_unit().
+// d and t come from the caller, computed once: a division in here is not hoisted out of the
+// callers' loops (+24-48 instructions a gather kernel).
+template <typename MyUnit>
+__device__ __forceinline__ uint32_t receive_group_units(const LamportCall& lc, int tp, int od, int d, int t, int64_t i,
+                                                        MyUnit my_unit, uint4 (&data)[kMaxRanks]) {
+  const bool mine = od == d;
+  return receive_units(lc, tp, od * tp, mine, t, i, mine ? my_unit() : make_uint4(0, 0, 0, 0), data);
+}
+
 // My rows summed over every member in group order, fp32, rounded once: unit i (< count) of
 // mine is in[offset + i] (in holds in_units units), the others' arrive in my areas; out holds
 // out_units units. The receive side of reduce_scatter_v and scatter_tokens.
@@ -123,10 +144,7 @@ __device__ __forceinline__ void reduce_my_rows(const LamportCall& lc, const uint
   const int n = lc.cx.g.nranks, me = lc.cx.g.me;
   for (int64_t i = grid_thread(); i < count; i += grid_threads()) {
     uint4 data[kMaxRanks];
-    const uint4 local = load_unit<T>(in, offset + i, in_units);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for s == me
-    wait_units(lc, n, 0, i, [&](int s) { return s != me; }, data);
+    receive_units(lc, n, 0, true, me, i, load_unit<T>(in, offset + i, in_units), data);
     const uint4 r = sum_units<T>(data, n);
     if (i < out_units) out[i] = r;
   }

@@ -28,9 +28,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t u = u0; u < units; u += grid_threads()) {
     uint4 data[kMaxRanks];
     const uint4 mine = u == u0 ? first : fix_reserved<T>(in[u]);  // the bits my peers receive from me
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) data[s] = mine;  // kept for s == me
-    wait_units(lc, n, 0, u, [&](int s) { return s != me; }, data);
+    receive_units(lc, n, 0, true, me, u, mine, data);
     out[u] = sum_units<T>(data, n);
   }
   end_lamport_call(lc, units);

@@ -77,10 +77,7 @@ __device__ __forceinline__ void summed_unit(const LamportCall& lc, int tp, int o
                                             const EarlyUnits<KU>& in, float* v) {
   const int me = lc.cx.g.me, d = me / tp, t = me % tp;
   uint4 data[kMaxRanks];
-  const uint4 local = od == d ? fix_reserved<T>(in.at(i)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-  for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
-  wait_units(lc, tp, od * tp, i, [&](int s) { return !(od == d && s == t); }, data);
+  receive_group_units(lc, tp, od, d, t, i, [&] { return fix_reserved<T>(in.at(i)); }, data);
   const uint4 sum = sum_units<T>(data, tp);
   float lo[4], hi[4];
   Lane<T>::unpack(make_uint2(sum.x, sum.y), lo);
@@ -227,10 +224,7 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
     if (u >= units) continue;
     const int64_t i = r * units + u;
     uint4 data[kMaxRanks];
-    const uint4 local = fix_reserved<T>(in.at(i));
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
-    wait_units(lc, tp, 0, i, [&](int s) { return s != t; }, data);
+    receive_units(lc, tp, 0, true, t, i, fix_reserved<T>(in.at(i)), data);
     uint2 lo[kMaxRanks], hi[kMaxRanks];
 #pragma unroll
     for (int s = 0; s < kMaxRanks; ++s) {

@@ -41,11 +41,7 @@ __global__ void __launch_bounds__(kThreads)
     const int od = rc.holder(o, dp, row_units);  // the DP group of output unit o
     const int64_t i = o - rc.offset[od] * row_units;
     uint4 data[kMaxRanks];
-    const uint4 local = od == d ? fix_reserved<T>(input.at(i)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) data[s] = local;  // kept for my own contribution
-    // Source s: tp rank s of group od, member od * tp + s.
-    wait_units(lc, tp, od * tp, i, [&](int s) { return !(od == d && s == t); }, data);
+    receive_group_units(lc, tp, od, d, t, i, [&] { return fix_reserved<T>(input.at(i)); }, data);
     const uint4 r = sum_units<T>(data, tp);
     if (o < out_units) out[o] = r;
   }
