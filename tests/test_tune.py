@@ -161,12 +161,18 @@ def _quant_results(rng: random.Random) -> dict:
 def test_quantized_gathers_from_bench_quant(seed):
     """Message = the gathered quantized bytes; on dp2 (attn_tp = 1) quant_local counts as quant,
     the kernel it runs there, so it stays the choice up to tp2's last win (128 rows, measured on
-    both layouts) without a rule of its own at dp2's sizes between."""
+    both layouts) without a rule of its own at dp2's sizes between. dp2's records fill
+    all_gather_v_quant as well (the same kernel on the world group)."""
     doc = tune.tune([("q.json", _quant_results(random.Random(seed)))])
     rules = table_file.parse(doc, "q")
     assert rules["gather_tokens_quant"] == (Rule(128 * FP8_ROW, "nvlink", "quant_local"),
                                             Rule(2048 * FP8_ROW, "nvlink", "quant"), Rule(None, "nccl", "nccl"))
-    assert "all_gather_v_quant" in doc["not_measured"]
+    # dp2's records time all_gather_v_quant's kernels on the world too (tp2's do not): quant throughout.
+    assert rules["all_gather_v_quant"] == (Rule(2048 * FP8_ROW, "nvlink", "quant"), Rule(None, "nccl", "nccl"))
+    measured = {2 * t * FP8_ROW for t in (1, 16, 64, 128, 256, 512, 1024)}
+    assert {e["bytes"] for e in doc["evidence"]["all_gather_v_quant"]} == measured
+    assert all(e["measured_in"] == ["q.json:dp2"] for e in doc["evidence"]["all_gather_v_quant"])
+    assert "all_gather_v_quant" not in doc["not_measured"]
     at_128 = next(e for e in doc["evidence"]["gather_tokens_quant"] if e["bytes"] == 128 * FP8_ROW)
     assert at_128["measured_in"] == ["q.json:dp2", "q.json:tp2"]
 

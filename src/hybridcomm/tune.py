@@ -12,7 +12,9 @@ torch symm_mem) are not candidates. `hc_norm` / `nccl_norm` of the transitions f
 `bench quant` fills gather_tokens_quant: its message is the gathered quantized bytes (data and
 scales), its NCCL candidate `nccl_q` (quantize, then NCCL all-gathers: the NCCL backend's path);
 where attn_tp = 1 the bench times quant_one_hop and quant_local once, as quant (the kernel they
-run there, backends/nvlink.py), and tune reads quant's column for them.
+run there, backends/nvlink.py), and tune reads quant's column for them. There gather_tokens_quant
+is also all_gather_v_quant over the world (the same rows, the same kernel: the op code only names
+errors), so those layouts' records fill all_gather_v_quant too (quant, quant_lamport, nccl_q).
 
 Per op and measured size, the candidates that ran at that size are compared by their µs
 (a transitions size measured on several layouts: the geometric mean over those layouts, and
@@ -63,6 +65,8 @@ RENAMED_COLUMNS = {"hc_unfused": "hc_two_step"}
 # kernel where attn_tp = 1 (not timed there; module docstring).
 QUANT_OP, QUANT_NCCL_COLUMN = "gather_tokens_quant", "nccl_q"
 QUANT_SAME_AS_OWNER = {"hc_quant_one_hop": "hc_quant", "hc_quant_local": "hc_quant"}
+# The op that attn_tp = 1 layouts' quant records also time (module docstring).
+QUANT_OP_ON_WORLD = "all_gather_v_quant"
 
 
 # What each benchmark's results hold: a top-level key, and the fields of every record.
@@ -124,7 +128,7 @@ def kind(results, where: str) -> str:
 
 def quant_records(results: dict) -> list[dict]:
     """bench quant's balanced records as the other benchmarks' (op, bytes, impl, us), with the
-    columns QUANT_SAME_AS_OWNER fills where attn_tp = 1."""
+    columns QUANT_SAME_AS_OWNER fills where attn_tp = 1, and there for QUANT_OP_ON_WORLD too."""
     from .quant import FORMATS
 
     points: dict = defaultdict(dict)
@@ -134,11 +138,13 @@ def quant_records(results: dict) -> list[dict]:
             points[(r["layout"], nbytes)][r["impl"]] = r["us"]
     records = []
     for (layout, nbytes), us in points.items():
+        ops = [QUANT_OP]
         if Layout.parse(layout).attn_tp == 1:
             us = {**{a: us[o] for a, o in QUANT_SAME_AS_OWNER.items() if o in us}, **us}
-        for impl, t in us.items():
-            records.append({"op": QUANT_OP, "layout": layout, "bytes": nbytes,
-                            "impl": "nccl" if impl == QUANT_NCCL_COLUMN else impl, "us": t})
+            ops.append(QUANT_OP_ON_WORLD)
+        for op in ops:
+            records += [{"op": op, "layout": layout, "bytes": nbytes,
+                         "impl": "nccl" if impl == QUANT_NCCL_COLUMN else impl, "us": t} for impl, t in us.items()]
     return records
 
 
