@@ -73,6 +73,7 @@ def test_bad_own_count(bad):
 
 
 def _own_count_left_to_the_kernel_or_exchanged():
+    from hybridcomm import collectives
     from hybridcomm import counts as counts_mod
 
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -84,8 +85,8 @@ def _own_count_left_to_the_kernel_or_exchanged():
     comm.backends["nvlink"] = kernel
     # The chosen algorithm's registry entry (ops.Algorithm.own_count) decides.
     calls = []
-    real = dist.all_gather_into_tensor
-    dist.all_gather_into_tensor = lambda *a, **k: calls.append(a) or real(*a, **k)
+    real = collectives.all_gather_single
+    collectives.all_gather_single = lambda *a, **k: calls.append(a) or real(*a, **k)
     try:
         for op, algorithm in (("gather_tokens", "one_shot_lamport"), ("gather_tokens_quant", "quant"),
                               ("gather_tokens_quant", "quant_lamport")):
@@ -103,7 +104,7 @@ def _own_count_left_to_the_kernel_or_exchanged():
             assert len(calls) == before + 1 and settled.own is None
             assert settled.device.tolist() == list(range(1, n + 1)) and now.sizes is settled.device
     finally:
-        dist.all_gather_into_tensor = real
+        collectives.all_gather_single = real
         del comm.backends["nvlink"]
     return True
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import hybridcomm as hc
+from hybridcomm import collectives
 from hybridcomm.bench import eager, timing
 from hybridcomm.bench.host import fake_world, gpu_route_communicator, stand_ins, stub_library
 
@@ -49,9 +50,10 @@ def test_eager_table_measures_every_op_both_ways(lib, no_cuda_sync, attn_tp):
 
 def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(lib, monkeypatch):
     seen = []
-    for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
-        monkeypatch.setattr(dist, name, lambda *a, _name=name, **k: seen.append((_name, k.get("group"))))
-    for attn_tp, gather, scatter in ((1, ["all_gather_into_tensor"], ["reduce_scatter_tensor"]),
+    for module, name in ((dist, "all_reduce"), (collectives, "all_gather_single"),
+                         (collectives, "reduce_scatter_single")):
+        monkeypatch.setattr(module, name, lambda *a, _name=name, **k: seen.append((_name, k.get("group"))))
+    for attn_tp, gather, scatter in ((1, ["all_gather_single"], ["reduce_scatter_single"]),
                                      (2, ["all_reduce"], ["all_reduce"])):
         comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), lib)
         for op, (ours, theirs) in eager.eager_calls(comm).items():

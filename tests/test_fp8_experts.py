@@ -106,7 +106,7 @@ class EngineTransitions(CommTransitions):
 
 
 def _gather_padded(t: torch.Tensor, counts: list[int], group) -> torch.Tensor:
-    import torch.distributed as dist
+    from hybridcomm import collectives
 
     if group.size == 1:
         return t
@@ -114,7 +114,7 @@ def _gather_padded(t: torch.Tensor, counts: list[int], group) -> torch.Tensor:
     padded = t.new_zeros((most,) + tuple(t.shape[1:]))
     padded[: t.shape[0]] = t
     out = t.new_empty((group.size * most,) + tuple(t.shape[1:]))
-    dist.all_gather_into_tensor(out, padded, group=group.pg)
+    collectives.all_gather_single(out, padded, group=group.pg)
     return torch.cat([out[i * most: i * most + n] for i, n in enumerate(counts)])
 
 

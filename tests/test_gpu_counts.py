@@ -48,10 +48,13 @@ class AllGatherCounter:
     def __init__(self):
         import torch.distributed as dist
 
+        from hybridcomm import collectives
+
         self.calls = 0
-        self.saved = {name: getattr(dist, name) for name in ("all_gather", "all_gather_into_tensor")}
-        for name, fn in self.saved.items():
-            setattr(dist, name, self._counting(fn))
+        self.saved = {(dist, "all_gather"): dist.all_gather,
+                      (collectives, "all_gather_single"): collectives.all_gather_single}
+        for (module, name), fn in self.saved.items():
+            setattr(module, name, self._counting(fn))
 
     def _counting(self, fn):
         def wrapped(*args, **kwargs):
@@ -60,10 +63,8 @@ class AllGatherCounter:
         return wrapped
 
     def close(self):
-        import torch.distributed as dist
-
-        for name, fn in self.saved.items():
-            setattr(dist, name, fn)
+        for (module, name), fn in self.saved.items():
+            setattr(module, name, fn)
 
 
 def variants(layout) -> list[tuple[str, str, bool, bool]]:

@@ -27,7 +27,7 @@ Everywhere else -- an int, the reference and NCCL backends, groups across nodes,
 scatter -- the count is exchanged before the op, as before: an int through a
 small all-gather read back to the host (one sync on GPU; the op then sees host sizes, exactly
 as if the caller had passed the list); a device tensor device to device
-(`all_gather_into_tensor`: no host sync, capturable, one extra NCCL launch), and the op sees
+(`collectives.all_gather_single`: no host sync, capturable, one extra NCCL launch), and the op sees
 device sizes (results have capacity rows, see README). Results are the same bits either way.
 """
 
@@ -38,6 +38,7 @@ import operator
 import torch
 import torch.distributed as dist
 
+from . import collectives
 from .arguments import Sizes, same_device
 from .groups import Group
 
@@ -126,5 +127,5 @@ def exchange_into(own: torch.Tensor, sizes: torch.Tensor, group: Group) -> torch
     if group.size == 1:
         sizes.copy_(own)
     else:
-        dist.all_gather_into_tensor(sizes, own, group=group.pg)
+        collectives.all_gather_single(sizes, own, group=group.pg)
     return sizes

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .. import collectives
 from ..arguments import Sizes, result_rows, split_evenly
 from ..groups import Group
 from ..norm import add_rms_norm
@@ -39,7 +40,7 @@ def all_gather_rows(x: torch.Tensor, counts: list[int], group: Group, out: torch
     if group.size == 1:
         out.copy_(mine)
     elif len(set(counts)) == 1:
-        dist.all_gather_into_tensor(out, mine, group=group.pg)
+        collectives.all_gather_single(out, mine, group=group.pg)
     else:
         dist.all_gather(list(out.split(counts)), mine, group=group.pg)
     return out
@@ -52,7 +53,7 @@ def reduce_scatter_rows(x: torch.Tensor, counts: list[int], group: Group, out: t
     if group.size == 1:
         out.copy_(x[:total])
     elif len(set(counts)) == 1:
-        dist.reduce_scatter_tensor(out, x[:total], group=group.pg)
+        collectives.reduce_scatter_single(out, x[:total], group=group.pg)
     else:
         dist.reduce_scatter(out, list(x[:total].split(counts)), group=group.pg)
     return out

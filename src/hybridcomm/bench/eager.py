@@ -18,6 +18,7 @@ import statistics
 import torch
 import torch.distributed as dist
 
+from .. import collectives
 from . import timing
 
 ROUNDS = 7
@@ -52,14 +53,14 @@ def eager_calls(comm, dtype=torch.bfloat16, hidden: int = 1024) -> dict:
     gathered, scattered = torch.empty_like(y), torch.empty_like(x)
     gathered_dp, y_dp, yt_dp = torch.empty(dp, hidden, dtype=dtype, device=device), y[:dp], yt[:dp]
     their_gather = _sequence(tp > 1 and (lambda: dist.all_reduce(xt, group=tp_pg)),
-                             dp > 1 and (lambda: dist.all_gather_into_tensor(gathered_dp, xt, group=dp_pg)))
-    their_scatter = _sequence(dp > 1 and (lambda: dist.reduce_scatter_tensor(scattered, yt_dp, group=dp_pg)),
+                             dp > 1 and (lambda: collectives.all_gather_single(gathered_dp, xt, group=dp_pg)))
+    their_scatter = _sequence(dp > 1 and (lambda: collectives.reduce_scatter_single(scattered, yt_dp, group=dp_pg)),
                               tp > 1 and (lambda: dist.all_reduce(scattered if dp > 1 else yt_dp, group=tp_pg)))
     return {
         "all_reduce": (lambda: comm.all_reduce(x), lambda: dist.all_reduce(xt)),
-        "all_gather_v": (lambda: comm.all_gather_v(x, ones), lambda: dist.all_gather_into_tensor(gathered, xt)),
+        "all_gather_v": (lambda: comm.all_gather_v(x, ones), lambda: collectives.all_gather_single(gathered, xt)),
         "reduce_scatter_v": (lambda: comm.reduce_scatter_v(y, ones),
-                             lambda: dist.reduce_scatter_tensor(scattered, yt)),
+                             lambda: collectives.reduce_scatter_single(scattered, yt)),
         "gather_tokens": (lambda: comm.gather_tokens(x, [1] * dp), their_gather),
         "gather_tokens+norm": (lambda: comm.gather_tokens(x, [1] * dp, residual=x, norm_weight=w, eps=1e-6),
                                their_gather),

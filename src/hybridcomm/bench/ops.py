@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import collectives
 from ..algorithms import forced
 from ..communicator import Communicator
 from ..layout import Layout
@@ -103,18 +104,18 @@ def _calls(op: str, nbytes: int, comm: Communicator, forced_comms: dict[str, For
         x, out = torch.randn(1, row, dtype=DTYPE, device=device), torch.empty(n, row, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.all_gather_v(x, sizes)
         add_forced_calls(calls, op, forced_comms, lambda c: c.all_gather_v(x, sizes))
-        calls["nccl"] = lambda: dist.all_gather_into_tensor(out, x)
+        calls["nccl"] = lambda: collectives.all_gather_single(out, x)
         if symm.buffers is not None:
             xs, outs = symm.view(0, (1, row), DTYPE), symm.view(1, (n, row), DTYPE)
-            calls["nccl_symm"] = lambda: dist.all_gather_into_tensor(outs, xs)
+            calls["nccl_symm"] = lambda: collectives.all_gather_single(outs, xs)
     else:
         x, out = torch.randn(n, row, dtype=DTYPE, device=device), torch.empty(1, row, dtype=DTYPE, device=device)
         calls["hybridcomm"] = lambda: comm.reduce_scatter_v(x, sizes)
         add_forced_calls(calls, op, forced_comms, lambda c: c.reduce_scatter_v(x, sizes))
-        calls["nccl"] = lambda: dist.reduce_scatter_tensor(out, x)
+        calls["nccl"] = lambda: collectives.reduce_scatter_single(out, x)
         if symm.buffers is not None:
             xs, outs = symm.view(0, (n, row), DTYPE), symm.view(1, (1, row), DTYPE)
-            calls["nccl_symm"] = lambda: dist.reduce_scatter_tensor(outs, xs)
+            calls["nccl_symm"] = lambda: collectives.reduce_scatter_single(outs, xs)
     return calls
 
 
