@@ -135,3 +135,35 @@ def test_the_trace_variant_compiles_and_its_rings_match_trace_py(tmp_path):
     lib = abi.ctypes.CDLL(str(lib_path))
     assert lib.hc_trace_rings() == 2  # one per kernel file; the registry has none
     assert lib.hc_trace_ring_bytes() == trace.RING_HEADER + trace.RECORDS * trace.RECORD.itemsize
+
+
+KERNELS = """
+__global__ void scale(float* x, float s) { x[threadIdx.x] *= s; }
+__global__ void shift(float* x, float s) { x[threadIdx.x] += %s; }
+"""
+
+
+@pytest.mark.timeout(300)
+def test_sass_compare_tells_the_same_machine_code_from_other_code(tmp_path):
+    """scripts/sass_compare.py (kernel refactors checked without a GPU): a kernel compiled from
+    the same code is "same" even where the file around it changed; one that computes otherwise
+    is not, with its instruction counts."""
+    import sys
+
+    sys.path.insert(0, str(build.CSRC.parents[2] / "scripts"))
+    try:
+        import sass_compare
+    finally:
+        sys.path.pop(0)
+
+    def code(name: str, shift: str):
+        source = tmp_path / f"{name}.cu"
+        source.write_text(KERNELS % shift)
+        return sass_compare.kernel_code(sass_compare.compile_cubin(source, tmp_path / f"{name}.cubin", "90a"))
+
+    base = code("base", "s")
+    assert len(base) == 2 and all(len(c) % sass_compare.INSTRUCTION_BYTES == 0 for c in base.values())
+    rows = dict(sass_compare.compare(base, code("other", "s * s")))
+    assert rows["_Z5scalePff"] == "same"
+    assert rows["_Z5shiftPff"] != "same" and rows["_Z5shiftPff"].endswith(" instructions")
+    assert dict(sass_compare.compare(base, {})) == {k: f"{len(c) // 16} -> - instructions" for k, c in base.items()}

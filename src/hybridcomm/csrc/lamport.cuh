@@ -117,7 +117,7 @@ __device__ __forceinline__ uint32_t wait_units(const LamportCall& lc, int n, int
 // into data[0 .. n). When `mine`, source `self` is me and my unit is `my` (the bits my peers
 // receive from me); the others arrive in my areas. The receive step of every Lamport reduction.
 __device__ __forceinline__ uint32_t receive_units(const LamportCall& lc, int n, int member_base, bool mine, int self,
-                                                  int64_t i, const uint4& my, uint4 (&data)[kMaxRanks]) {
+                                                  int64_t i, uint4 my, uint4 (&data)[kMaxRanks]) {
 #pragma unroll
   for (int s = 0; s < kMaxRanks; ++s) data[s] = my;  // kept for s == self
   return wait_units(lc, n, member_base, i, [&](int s) { return !(mine && s == self); }, data);
