@@ -18,12 +18,13 @@ if [ "$GPUS" -ge 4 ]; then WORLD=4; else WORLD=2; fi
 TAG="${WORLD}x$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)"
 if [ "$WORLD" -eq 4 ]; then
   LAYOUTS=dp2xtp2,dp4,tp4; LAYER_LAYOUTS="--layout dp2xtp2 --layout dp4 --layout tp4"; MAIN=dp2xtp2
-  MODEL_LAYOUTS="dp2xtp2 dp4 tp4"; DSV3_LAYERS=${DSV3_LAYERS-}
+  MODEL_LAYOUTS=${MODEL_LAYOUTS:-dp2xtp2 dp4 tp4}; DSV3_LAYERS=${DSV3_LAYERS-}
 else
   LAYOUTS=dp2,tp2; LAYER_LAYOUTS="--layout dp2 --layout tp2"; MAIN=dp2
-  MODEL_LAYOUTS="dp2 tp2"; DSV3_LAYERS=${DSV3_LAYERS-2}
+  MODEL_LAYOUTS=${MODEL_LAYOUTS:-dp2 tp2}; DSV3_LAYERS=${DSV3_LAYERS-2}
 fi
 MODEL_TOKENS=${MODEL_TOKENS:-1,4,16,64,256,uneven}; MODEL_TIMEOUT=${MODEL_TIMEOUT:-240}
+MODEL_CONFIGS=${MODEL_CONFIGS:-qwen3-30b-a3b deepseek-v3}  # (model stage: one run per config x layout)
 echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS"
 RPN=$((GPUS / 2))
 status=0
@@ -85,7 +86,7 @@ for stage in $stages; do
     # 4, empty: as many as one GPU holds with the single-device reference, hf/memory.py).
     model)
       for lay in $MODEL_LAYOUTS; do
-        for cfg in qwen3-30b-a3b deepseek-v3; do
+        for cfg in $MODEL_CONFIGS; do
           layers=(); [ "$cfg" = deepseek-v3 ] && [ -n "$DSV3_LAYERS" ] && layers=(--layers "$DSV3_LAYERS")
           run "model_${cfg}_$lay" timeout -k 10 "$MODEL_TIMEOUT" python3 -m hybridcomm bench model --config "$cfg" \
             "${layers[@]}" --layout "$lay" --tokens "$MODEL_TOKENS" --timeout "$((MODEL_TIMEOUT - 20))" \
