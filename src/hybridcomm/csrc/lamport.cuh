@@ -114,8 +114,9 @@ __device__ __forceinline__ uint32_t wait_units(const LamportCall& lc, int n, int
 }
 
 // Unit i of members member_base .. member_base + n - 1 (the sources of one sum, in its order)
-// into data[0 .. n). When `mine`, source `self` is me and my unit is `my` (the bits my peers
-// receive from me); the others arrive in my areas. The receive step of every Lamport reduction.
+// into data[0 .. n). When `mine`, source `self` is me and its unit is `my`, my own contribution
+// (fix_reserved applied, as to what I send); the others arrive in my areas. The receive step of
+// every Lamport reduction.
 __device__ __forceinline__ uint32_t receive_units(const LamportCall& lc, int n, int member_base, bool mine, int self,
                                                   int64_t i, uint4 my, uint4 (&data)[kMaxRanks]) {
 #pragma unroll
