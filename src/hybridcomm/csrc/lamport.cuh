@@ -127,7 +127,7 @@ __device__ __forceinline__ uint32_t receive_units(const LamportCall& lc, int n, 
 // Unit i of DP group od's partial rows from its tp ranks (members od * tp + s, s < tp, in tp
 // order) into data[0 .. tp); when od is my group d (I am its tp rank t), my own is my_unit().
 // d and t come from the caller, computed once: a division in here is not hoisted out of the
-// callers' loops (+24-48 instructions a gather kernel).
+// callers' loops (+24-32 instructions a gather kernel).
 template <typename MyUnit>
 __device__ __forceinline__ uint32_t receive_group_units(const LamportCall& lc, int tp, int od, int d, int t, int64_t i,
                                                         MyUnit my_unit, uint4 (&data)[kMaxRanks]) {
