@@ -3,7 +3,8 @@ algorithm "quant_lamport"), of the LL kernel (csrc/quant_gather.cu, "quant") aft
 canonical zero / NaN codes, of the LL kernel with every attention-TP rank summing its
 group's rows ("quant_one_hop"), and of gather_tokens' unquantized Lamport one-shot quantizing
 where rows land ("quant_local", csrc/lamport_quant_local.cu; its fused path with one DP group;
-replicated rows and fused rows of several groups run quant_one_hop there); skipped without 2 GPUs, world 4 on 4 GPUs, else world 2.
+replicated rows and fused rows of several groups run quant_one_hop there); skipped without 2
+GPUs, world 4 on 4 GPUs, else world 2.
 
 Data and scales bit for bit equal to the reference quantizer applied to the reference's
 unquantized result (fused: to our own unquantized fused rows, test_gpu_quant.py says why),

@@ -12,7 +12,8 @@ from hybridcomm.tune import TOLERANCE
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "4xH200" / "quant_4xH200.json"
 BASELINES = ("nccl_q", "nccl_symm_q")  # the quantize-then-NCCL paths (bench/quant.py)
-OURS = ("hc_quant", "hc_quant_one_hop", "hc_quant_lamport", "hc_quant_local")  # our kernels, each forced (bench/quant.py)
+# our kernels, each forced (bench/quant.py)
+OURS = ("hc_quant", "hc_quant_one_hop", "hc_quant_lamport", "hc_quant_local")
 
 
 @pytest.mark.skipif(not RESULTS.exists(), reason=f"{RESULTS} is not in this checkout")

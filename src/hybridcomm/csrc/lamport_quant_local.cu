@@ -127,6 +127,24 @@ __device__ __forceinline__ void store_codes(const float (&v)[UnitQuant<T, F>::kV
   }
 }
 
+// Unit u of the block formats (a scale per kGroup units; amax: its block's max): its codes into
+// data and, from the block's first unit, the block's scale into scales (both indexed from the
+// same base: a row's, or the whole output's, which is contiguous over rows).
+template <typename T, int F>
+__device__ __forceinline__ void store_block_unit(const float (&v)[UnitQuant<T, F>::kValues], float amax,
+                                                 float global_scale, uint8_t* data, uint8_t* scales, int64_t u) {
+  constexpr int kGroup = UnitQuant<T, F>::kGroup;
+  if constexpr (F == kQuantNvfp4) {
+    const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
+    store_codes<T, F>(v, sc.inv, data, u);
+    if (u % kGroup == 0) scales[u / kGroup] = sc.sf;
+  } else {
+    const Fp8Scale sc = fp8_scale(amax);
+    store_codes<T, F>(v, sc.inv, data, u);
+    if (u % kGroup == 0) reinterpret_cast<float*>(scales)[u / kGroup] = sc.scale;
+  }
+}
+
 // fp8 (one scale per row): output row o (row j of DP group od) summed and quantized into out;
 // every thread of the block calls this (the block max). Units are waited for one at a time, in
 // a loop that is not unrolled (one copy of the wait's code, as quant_rows.cuh's row_values);
@@ -181,16 +199,7 @@ __device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int 
     }
     const float amax = group_max(max_abs(v), Q::kGroup);
     if (o >= total || o >= out_units) continue;
-    uint8_t* data = reinterpret_cast<uint8_t*>(out.data);
-    if constexpr (F == kQuantNvfp4) {
-      const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
-      store_codes<T, F>(v, sc.inv, data, o);
-      if (o % Q::kGroup == 0) out.scales[o / Q::kGroup] = sc.sf;
-    } else {
-      const Fp8Scale sc = fp8_scale(amax);
-      store_codes<T, F>(v, sc.inv, data, o);
-      if (o % Q::kGroup == 0) reinterpret_cast<float*>(out.scales)[o / Q::kGroup] = sc.scale;
-    }
+    store_block_unit<T, F>(v, amax, global_scale, reinterpret_cast<uint8_t*>(out.data), out.scales, o);
   }
 }
 
@@ -305,15 +314,7 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
       else for (int e = 0; e < kV; ++e) v[e] = 0.f;
       const float amax = group_max(max_abs(v), Q::kGroup);
       if (u >= units || o >= out.out_rows) continue;
-      if constexpr (F == kQuantNvfp4) {
-        const Nvfp4Scale sc = nvfp4_scale(amax, global_scale);
-        store_codes<T, F>(v, sc.inv, data, u);
-        if (u % Q::kGroup == 0) scales[u / Q::kGroup] = sc.sf;
-      } else {
-        const Fp8Scale sc = fp8_scale(amax);
-        store_codes<T, F>(v, sc.inv, data, u);
-        if (u % Q::kGroup == 0) reinterpret_cast<float*>(scales)[u / Q::kGroup] = sc.scale;
-      }
+      store_block_unit<T, F>(v, amax, global_scale, data, scales, u);
     }
   }
   // (No barrier before the next row: what it stages over, every thread reads only its own
