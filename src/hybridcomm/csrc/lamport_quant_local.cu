@@ -145,6 +145,31 @@ __device__ __forceinline__ void store_block_unit(const float (&v)[UnitQuant<T, F
   }
 }
 
+// An fp8 row's end, every thread of the block: the token's scale from the block max of the
+// threads' maxima `a` and my units' codes -- their values from `v` (one unit a thread, still in
+// registers) or, kStaged, from my elements of `row`. Where they go is the caller's:
+// store_scale(scale) (called by thread 0) and data() (the row's data bytes); nothing is stored
+// for a row past the output (o >= out_rows), but the block max is still taken. (Callables, not
+// pointers: each caller's address arithmetic stays where it wrote it, after the block max, and
+// the machine code is what each made when it wrote this out itself -- scripts/sass_compare.py.)
+template <typename T, int KU, bool kStaged, typename StoreScale, typename Data>
+__device__ __forceinline__ void store_fp8_row(float a, float (&v)[UnitQuant<T, kQuantFp8>::kValues], const float* row,
+                                              int64_t units, int64_t o, int64_t out_rows, float* warp_buf,
+                                              const StoreScale& store_scale, const Data& data) {
+  constexpr int kV = UnitQuant<T, kQuantFp8>::kValues;
+  const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
+  if (o >= out_rows) return;
+  if (threadIdx.x == 0) store_scale(token.scale);
+  uint8_t* bytes = data();
+#pragma unroll 1
+  for (int k = 0; k < KU; ++k) {
+    const int64_t u = my_lane(k);
+    if (u >= units) break;
+    if (kStaged) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
+    store_codes<T, kQuantFp8>(v, token.inv, bytes, u);
+  }
+}
+
 // fp8 (one scale per row): output row o (row j of DP group od) summed and quantized into out;
 // every thread of the block calls this (the block max). Units are waited for one at a time, in
 // a loop that is not unrolled (one copy of the wait's code, as quant_rows.cuh's row_values);
@@ -163,17 +188,10 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
     a = fmaxf(a, max_abs(v));
     if (KU > 1 && u < units) for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];
   }
-  const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
-  if (o >= out.out_rows) return;
-  if (threadIdx.x == 0) reinterpret_cast<float*>(out.scales)[o] = token.scale;
-  uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
-#pragma unroll 1
-  for (int k = 0; k < KU; ++k) {
-    const int64_t u = my_lane(k);
-    if (u >= units) break;
-    if (KU > 1) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
-    store_codes<T, kQuantFp8>(v, token.inv, data, u);
-  }
+  store_fp8_row<T, KU, (KU > 1)>(
+      a, v, row, units, o, out.out_rows, warp_buf,
+      [&](float scale) { reinterpret_cast<float*>(out.scales)[o] = scale; },
+      [&] { return reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8; });
 }
 
 // The block formats (a scale per kGroup units): every output unit summed and quantized, the
@@ -295,16 +313,9 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
       a = fmaxf(a, max_abs(v));
       for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];  // (my own elements)
     }
-    const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
-    if (o >= out.out_rows) return;
-    if (threadIdx.x == 0) reinterpret_cast<float*>(scales)[0] = token.scale;
-#pragma unroll 1
-    for (int k = 0; k < KU; ++k) {
-      const int64_t u = my_lane(k);
-      if (u >= units) break;
-      for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
-      store_codes<T, F>(v, token.inv, data, u);
-    }
+    store_fp8_row<T, KU, true>(
+        a, v, row, units, o, out.out_rows, warp_buf,
+        [&](float scale) { reinterpret_cast<float*>(scales)[0] = scale; }, [&] { return data; });
   } else {
 #pragma unroll 1
     for (int k = 0; k < KU; ++k) {
