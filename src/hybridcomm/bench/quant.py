@@ -36,6 +36,7 @@ from ..quant import FORMATS, parse_quant, quantize
 from . import timing
 from .baselines import NcclSymmetricBuffers
 from .ops import add_forced_calls, forced_communicators
+from .quant_floor import floor_markdown
 from .transitions import token_cases
 
 HIDDENS = (4096, 7168)
@@ -224,6 +225,9 @@ def quant_markdown(results: dict) -> str:
         out += [f"## {layout}, hidden {hidden}, {fmt}", "",
                 _table(["case", "tokens/DP rank"] + impls + [RATIOS[i] for i in ratio_impls] + ["vs NCCL"], rows),
                 ""]
+    floor = floor_markdown(results)
+    if floor:
+        out += [floor]
     if results.get("nccl_symm_note"):
         out += [f"nccl_symm_note: {results['nccl_symm_note']}"]
     return "\n".join(out) + "\n"
