@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from hybridcomm.bench.quant_floor import floor_markdown
 from hybridcomm.bench.report import _header
@@ -19,7 +20,7 @@ from hybridcomm.bench.report import _header
 
 def main() -> None:
     for path in sys.argv[1:]:
-        results = json.load(open(path))
+        results = json.loads(Path(path).read_text())
         print(f"# Bytes floor of {path}, {results['dtype']} input\n\n{_header(results['environment'])}\n")
         print(floor_markdown(results) or "(no layout with attention TP 1 and a bf16 curve)\n")
 

@@ -7,8 +7,7 @@ from hybridcomm.bench.quant_floor import floor_markdown, floor_rows, interpolate
 
 
 def _record(layout, impl, tokens, us, case="balanced", fmt="fp8", hidden=4096):
-    n = 2
-    return {"layout": layout, "format": fmt, "hidden": hidden, "case": case, "tokens_per_dp": [tokens] * n,
+    return {"layout": layout, "format": fmt, "hidden": hidden, "case": case, "tokens_per_dp": [tokens] * 2,
             "impl": impl, "us": us}
 
 
