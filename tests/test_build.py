@@ -167,3 +167,43 @@ def test_sass_compare_tells_the_same_machine_code_from_other_code(tmp_path):
     assert rows["_Z5scalePff"] == "same"
     assert rows["_Z5shiftPff"] != "same" and rows["_Z5shiftPff"].endswith(" instructions")
     assert dict(sass_compare.compare(base, {})) == {k: f"{len(c) // 16} -> - instructions" for k, c in base.items()}
+
+
+# Under __launch_bounds__(1024, 2) a thread gets at most 32 registers, fewer than the 48 values
+# `spills` keeps live across the loop: ptxas must put some in local memory.
+RESOURCE_KERNELS = """
+__global__ void small(float* x) { x[threadIdx.x] += 1.0f; }
+__global__ void __launch_bounds__(1024, 2) spills(float* x, int n) {
+  float v[48];
+#pragma unroll
+  for (int i = 0; i < 48; ++i) v[i] = x[threadIdx.x + i * 1024];
+  for (int k = 0; k < n; ++k) {
+#pragma unroll
+    for (int i = 0; i < 48; ++i) v[i] = v[i] * v[(i + 1) % 48] + 1.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < 48; ++i) x[threadIdx.x + i * 1024] = v[i];
+}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kernel_resources_reports_registers_and_spills(tmp_path):
+    """scripts/kernel_resources.py reads ptxas's per-kernel registers and spills: a kernel that
+    fits spills nothing, one held to 32 registers with 48 live values spills."""
+    import sys
+
+    sys.path.insert(0, str(build.CSRC.parents[2] / "scripts"))
+    try:
+        import kernel_resources
+    finally:
+        sys.path.pop(0)
+
+    source = tmp_path / "resources.cu"
+    source.write_text(RESOURCE_KERNELS)
+    found = {k.kernel: k for k in kernel_resources.parse_ptxas(kernel_resources.ptxas_report(source, "90a", tmp_path))}
+    assert set(found) == {"_Z5smallPf", "_Z6spillsPfi"}
+    small, spills = found["_Z5smallPf"], found["_Z6spillsPfi"]
+    assert 0 < small.registers <= 32 and small.spill_stores == small.spill_loads == 0
+    assert spills.registers <= 32 and spills.spill_stores > 0 and spills.spill_loads > 0
+    assert kernel_resources.demangle(["_Z5smallPf"])[0] in ("small", "_Z5smallPf")  # without c++filt: as is
