@@ -47,3 +47,11 @@ def test_no_section_without_a_pure_dp_layout():
     results = _results()
     results["records"] = [r for r in results["records"] if r["layout"] == "tp2"]
     assert floor_markdown(results) == ""
+
+
+def test_bench_quant_markdown_ends_with_the_floor():
+    from hybridcomm.bench.quant import quant_markdown
+
+    text = quant_markdown(_results())
+    assert "## Bytes floor (attention TP 1, balanced)" in text
+    assert text.index("## dp2, hidden 4096, fp8") < text.index("## Bytes floor")
