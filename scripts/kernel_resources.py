@@ -46,12 +46,7 @@ def parse_ptxas(text: str) -> list[Resources]:
 
 
 def ptxas_report(source: Path, arch: str, out_dir: Path) -> str:
-    cmd = [build.nvcc_path(), *build.NVCC_FLAGS, build.gencode(arch), "-Xptxas", "-v", "-cubin", str(source),
-           "-o", str(out_dir / f"{source.stem}.cubin")]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:
-        raise RuntimeError(f"nvcc failed on {source}:\n{run.stdout}{run.stderr}")
-    return run.stdout + run.stderr
+    return build.compile_cubin(source, out_dir / f"{source.stem}.cubin", arch, ("-Xptxas", "-v"))
 
 
 def demangle(names: list[str]) -> list[str]:

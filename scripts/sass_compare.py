@@ -57,10 +57,7 @@ def kernel_code(cubin: Path) -> dict[str, bytes]:
 
 
 def compile_cubin(source: Path, out: Path, arch: str) -> Path:
-    cmd = [build.nvcc_path(), *build.NVCC_FLAGS, build.gencode(arch), "-cubin", str(source), "-o", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode:
-        raise RuntimeError(f"nvcc failed on {source}:\n{run.stdout}{run.stderr}")
+    build.compile_cubin(source, out, arch)
     return out
 
 

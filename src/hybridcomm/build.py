@@ -66,6 +66,17 @@ def _fingerprint(arch: str, nvcc: str, flags: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def compile_cubin(source: Path, out: Path, arch: str, extra_flags: tuple[str, ...] = ()) -> str:
+    """One source compiled with the library's flags into a cubin at `out` (the kernels' machine
+    code, for inspection without a GPU: scripts/sass_compare.py, scripts/kernel_resources.py);
+    returns nvcc's output, raises with it on failure."""
+    cmd = [nvcc_path(), *NVCC_FLAGS, *extra_flags, gencode(arch), "-cubin", str(source), "-o", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(f"nvcc failed on {source}:\n{run.stdout}{run.stderr}")
+    return run.stdout + run.stderr
+
+
 def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: bool = False,
                     variant: str = "") -> list[Path]:
     """Compile every .cu to an object in out_dir (in parallel); raises with nvcc's output on failure."""
