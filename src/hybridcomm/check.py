@@ -299,11 +299,12 @@ def communicator(layout: Layout, backend: str = "auto", table: str = "auto", val
     """This worker's Communicator for these settings, created once (creation is collective)."""
     import torch.distributed as dist
 
+    from . import spmd
     from .communicator import Communicator
 
     key = (layout, backend, table, validate)
     if key not in _communicators:
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device = spmd.worker_device or ("cuda" if dist.get_backend() == "nccl" else "cpu")  # or torchrun's
         _communicators[key] = Communicator(layout, device=device, backend=backend, validate=validate,
                                            table=table)  # a name or a file (algorithms.node_tables)
     return _communicators[key]

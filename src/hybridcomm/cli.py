@@ -127,12 +127,12 @@ def cmd_check(args) -> int:
         return code
     from .spmd import SpmdPool
 
-    device = ca.check_device(args.device or _default_device(), args.world)
+    device = ca.check_device(args.device or _default_device(), args.world, args.share_gpus)
     ca.check_backend(args.backend, device)
     cases = check_world(args.world, args.quick, args.ranks_per_node)
     _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
               f"{args.world} on {device}, backend {args.backend} ...")
-    with SpmdPool(args.world, device) as pool:
+    with SpmdPool(args.world, device, share_gpus=args.share_gpus) as pool:
         per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
                             False, args.table, timeout=1800)
     return _report_check(cases, per_rank)
@@ -397,6 +397,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
                        help="force a backend (nccl and nvlink need --device cuda); default auto")
     check.add_argument("--quick", action="store_true", help="integer data only")
+    check.add_argument("--share-gpus", action="store_true",
+                       help="with fewer GPUs than --world: ranks take turns on them (our kernels run, "
+                            "time-sliced; no NCCL: its calls go to the reference backend)")
     check.add_argument("--ranks-per-node", type=ca.positive_int, default=None,
                        help="simulate nodes of this many ranks (groups across them run hierarchically)")
     check.add_argument("--table", type=ca.table, default="auto",

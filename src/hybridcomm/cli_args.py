@@ -140,16 +140,19 @@ quant_list = _type(_names(QUANT_FORMATS, "format"), "quant formats")
 layer_quant_list = _type(_names(("none", *QUANT_FORMATS), "format"), "quant formats")  # none: 16-bit
 
 
-def check_device(device: str, world: int) -> str:
-    """`device`, or UsageError if it cannot run `world` ranks here."""
+def check_device(device: str, world: int, share_gpus: bool = False) -> str:
+    """`device`, or UsageError if it cannot run `world` ranks here (share_gpus: several ranks a GPU)."""
     if device != "cuda":
+        if share_gpus:
+            raise UsageError("--share-gpus needs --device cuda")
         return device
     if not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA GPU is visible here (torch.cuda.is_available() is False); "
                          "use --device cpu")
-    if torch.cuda.device_count() < world:
+    if torch.cuda.device_count() < world and not share_gpus:
         raise UsageError(f"--device cuda: {world} ranks need {world} GPUs (one per rank), "
-                         f"{torch.cuda.device_count()} visible")
+                         f"{torch.cuda.device_count()} visible (--share-gpus: ranks take turns on them, "
+                         f"a correctness check only)")
     return device
 
 

@@ -39,6 +39,11 @@ def resolve_device(device) -> torch.device:
     return device
 
 
+def has_nccl() -> bool:
+    """Whether torch.distributed's default process group runs NCCL (for CUDA tensors)."""
+    return "nccl" in str(dist.get_backend())
+
+
 class Communicator:
     """Collectives and token transitions for one rank of a `Layout`.
 
@@ -95,9 +100,13 @@ class Communicator:
         self.table = self.tables[1]
         self.last_choice: algorithms.Choice | None = None  # of the latest call (benchmarks label with it)
         self._selections = selection.SelectionMemo()
+        if self.device.type == "cuda" and backend in ("nccl", "nccl_symm") and not has_nccl():
+            raise ValueError(f"backend={backend!r} needs an NCCL process group; torch.distributed runs "
+                             f"{dist.get_backend()!r}")
         if self.device.type == "cuda":
-            from .backends.nccl import NcclBackend
-            self.backends["nccl"] = NcclBackend(self.groups)
+            if has_nccl():  # else (gloo: ranks sharing a GPU, shared_gpu.py) the reference takes NCCL's calls
+                from .backends.nccl import NcclBackend
+                self.backends["nccl"] = NcclBackend(self.groups)
             if backend == "nccl_symm":
                 from .backends.nccl_symm import NcclSymmBackend
                 self.backends["nccl_symm"] = NcclSymmBackend(self.groups, self.device)
@@ -420,7 +429,10 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        return algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
+        if choice.backend not in self.backends:  # nccl without an NCCL process group
+            return algorithms.Choice("reference", None, f"no NCCL process group (the table: {choice.reason})")
+        return choice
 
     def _raise_recorded_error(self) -> None:
         nvlink = self.backends.get("nvlink")

@@ -7,6 +7,9 @@ hang never outlives its timeout.
 
 `fn` must be importable (a module-level function); it is called as fn(*args) on every
 rank, with torch.distributed initialised (gloo on CPU, NCCL on CUDA, one GPU per rank).
+With share_gpus, more CUDA ranks than GPUs take turns on them (rank r on GPU r % count) and
+torch.distributed runs gloo, since NCCL refuses two ranks on one GPU: for correctness tests on
+a machine with fewer GPUs than ranks (shared_gpu.py says what that can and cannot show).
 """
 
 from __future__ import annotations
@@ -32,7 +35,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, device: str, port: int, tasks, results) -> None:
+worker_device: str | None = None  # in a worker process: "cpu" or "cuda", the pool's device
+
+
+def _worker(rank: int, world_size: int, device: str, share_gpus: bool, port: int, tasks, results) -> None:
+    global worker_device
+    worker_device = device
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     import torch
@@ -41,6 +49,7 @@ def _worker(rank: int, world_size: int, device: str, port: int, tasks, results) 
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
+    if device == "cuda" and not share_gpus:
         dist.init_process_group("nccl", rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=120),
                                 device_id=torch.device("cuda", torch.cuda.current_device()))
@@ -66,7 +75,8 @@ def _worker(rank: int, world_size: int, device: str, port: int, tasks, results) 
 
 
 class SpmdPool:
-    def __init__(self, world_size: int, device: str = "cpu", start_timeout: float = 120.0):
+    def __init__(self, world_size: int, device: str = "cpu", start_timeout: float = 120.0,
+                 share_gpus: bool = False):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device: expected 'cpu' or 'cuda', got {device!r}")
         self.world_size, self.device = world_size, device
@@ -75,7 +85,7 @@ class SpmdPool:
         self._results = ctx.Queue()
         port = free_port()
         self._procs = [ctx.Process(target=_worker, daemon=True,
-                                   args=(r, world_size, device, port, self._tasks[r], self._results))
+                                   args=(r, world_size, device, share_gpus, port, self._tasks[r], self._results))
                        for r in range(world_size)]
         for p in self._procs:
             p.start()

@@ -16,7 +16,8 @@ where these must hold the sentinel wherever no data is due. The chunked areas (t
 two-shot, csrc/chunked.cuh) hold plain data 1:1 and are shared with nobody, so nothing needs
 zeroing after them; their per-chunk flags start at zero.
 Peers write straight into each other's regions (PyTorch symmetric memory gives the peer
-pointers). Memory per GPU: sum over regions of flags + (4 + 3 + 4) * n * area_bytes, or
+pointers; ranks that share a GPU, in tests, map each other's buffers by CUDA IPC:
+shared_gpu.py). Memory per GPU: sum over regions of flags + (4 + 3 + 4) * n * area_bytes, or
 (4 + 3) * n * area_bytes without the chunked section (Workspace: only where the table can pick
 a pipelined algorithm).
 
@@ -34,6 +35,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from . import shared_gpu
 from .abi import (CHUNK_FLAG_BYTES, FLAG_BYTES, LAMPORT_SLOTS, LAMPORT_STATE_WORDS, MAX_BLOCKS, MAX_RANKS,
                   STATE_WORDS, GroupArgs, LamportArgs, decode_error)
 from .groups import Group, leg_name, member_sets
@@ -173,6 +175,19 @@ class Workspace:
                 state=self.states[key].data_ptr() + 4 * STATE_WORDS, area_bytes=area_bytes)
 
     def _rendezvous(self, device: torch.device, group, sentinel_ranges: list[tuple[int, int]]) -> list[int]:
+        if shared_gpu.ranks_share_a_gpu(device, group):  # tests on a one-GPU machine (shared_gpu.py)
+            self.handle = shared_gpu.IpcBuffers(self.total_bytes, device, group)
+            self.buffer = self.handle.buffer
+        else:
+            self._symmetric(device, group)
+        self.buffer.zero_()  # flags start at 0; call flags start at 1
+        for begin, end in sentinel_ranges:  # Lamport areas start as "nothing arrived"
+            self.buffer[begin:end].fill_(0xFF)
+        torch.cuda.synchronize(device)
+        dist.barrier(group=group)
+        return [int(p) for p in self.handle.buffer_ptrs]
+
+    def _symmetric(self, device: torch.device, group) -> None:
         from torch.distributed import _symmetric_memory as symm_mem
 
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch, a no-op later
@@ -181,12 +196,6 @@ class Workspace:
                 symm_mem.enable_symm_mem_for_group(group.group_name)
         self.buffer = symm_mem.empty(self.total_bytes, dtype=torch.uint8, device=device)
         self.handle = symm_mem.rendezvous(self.buffer, group)
-        self.buffer.zero_()  # flags start at 0; call flags start at 1
-        for begin, end in sentinel_ranges:  # Lamport areas start as "nothing arrived"
-            self.buffer[begin:end].fill_(0xFF)
-        torch.cuda.synchronize(device)
-        dist.barrier(group=group)
-        return [int(p) for p in self.handle.buffer_ptrs]
 
     def close(self) -> None:
         """Drop every reference to the workspace's memory: the symmetric buffer and its
