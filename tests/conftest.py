@@ -4,12 +4,38 @@ Functions run on the workers must be module-level in an importable module (the t
 modules themselves are importable: pytest puts tests/ on sys.path, and spawned workers
 inherit it). Every pool call has a timeout, so a hung collective fails its test instead
 of hanging the suite.
+
+`pytest --gpu-ranks N` runs the GPU tests as if N GPUs were visible: with fewer, ranks share
+them (src/hybridcomm/shared_gpu.py: our kernels run, time-sliced, on gloo process groups), and
+tests that need NCCL skip. For kernel correctness on a machine with one GPU.
 """
+
+import os
+import shutil
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from hybridcomm.spmd import SpmdPool
+
+
+# --gpu-ranks, for this process and the workers it spawns (which compute their module-level worlds too)
+GPU_RANKS_ENV = "HYBRIDCOMM_TEST_GPU_RANKS"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gpu-ranks", type=int, default=0,
+                     help="run the GPU tests with this many ranks; more than the visible GPUs share them "
+                          "(correctness only, no NCCL: src/hybridcomm/shared_gpu.py)")
+
+
+def pytest_configure(config):
+    ranks = config.getoption("--gpu-ranks")
+    if ranks and not torch.cuda.is_available():
+        raise pytest.UsageError("--gpu-ranks needs a CUDA GPU")
+    if ranks:
+        os.environ[GPU_RANKS_ENV] = str(ranks)
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +45,7 @@ def pool():
     def get(world_size: int, device: str = "cpu") -> SpmdPool:
         key = (world_size, device)
         if key not in pools or not pools[key].alive:
-            pools[key] = SpmdPool(world_size, device)
+            pools[key] = SpmdPool(world_size, device, share_gpus=device == "cuda" and world_size > _visible_gpus())
         return pools[key]
 
     yield get
@@ -27,9 +53,38 @@ def pool():
         p.close()
 
 
-def gpu_count() -> int:
+def _visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_count() -> int:
+    """GPU ranks the GPU tests may spawn: the visible GPUs, or --gpu-ranks."""
+    return int(os.environ.get(GPU_RANKS_ENV, 0)) or _visible_gpus()
+
+
+def sharing_gpus() -> bool:
+    return gpu_count() > _visible_gpus()
 
 
 def needs_gpus(n: int):
     return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPUs, found {gpu_count()}")
+
+
+def needs_nccl():
+    """For tests that run NCCL (a backend or a baseline): not with ranks sharing GPUs."""
+    return pytest.mark.skipif(sharing_gpus(), reason="needs NCCL; --gpu-ranks has ranks sharing GPUs (gloo)")
+
+
+@pytest.fixture(scope="module")
+def stub_lib():
+    """For a module's tests of the GPU route on CPU (hybridcomm.bench.host): this process as rank 0
+    of a fake world of 2, NvlinkBackend on stand-ins, launchers that return at once."""
+    from hybridcomm.bench.host import fake_world, stand_ins, stub_library
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler for the stub launchers")
+    if dist.is_initialized():
+        pytest.skip("torch.distributed already initialised in this process")
+    library = stub_library()
+    with fake_world(2), stand_ins(library):
+        yield library

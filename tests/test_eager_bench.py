@@ -4,7 +4,6 @@ launchers) with CUDA synchronisation a no-op. It checks what is measured (every 
 theirs, wall and issue, our calls on our kernels, theirs by layout), not how fast anything is.
 """
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -15,19 +14,9 @@ import torch.distributed as dist
 import hybridcomm as hc
 from hybridcomm import collectives
 from hybridcomm.bench import eager, timing
-from hybridcomm.bench.host import fake_world, gpu_route_communicator, stand_ins, stub_library
+from hybridcomm.bench.host import gpu_route_communicator
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler for the stub launchers")
 OPS = ["all_reduce", "all_gather_v", "reduce_scatter_v", "gather_tokens", "gather_tokens+norm", "scatter_tokens"]
-
-
-@pytest.fixture(scope="module")
-def lib():
-    if dist.is_initialized():
-        pytest.skip("torch.distributed already initialised in this process")
-    library = stub_library()
-    with fake_world(2), stand_ins(library):
-        yield library
 
 
 @pytest.fixture
@@ -36,8 +25,8 @@ def no_cuda_sync(monkeypatch):
 
 
 @pytest.mark.parametrize("attn_tp", [1, 2])
-def test_eager_table_measures_every_op_both_ways(lib, no_cuda_sync, attn_tp):
-    comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), lib)
+def test_eager_table_measures_every_op_both_ways(stub_lib, no_cuda_sync, attn_tp):
+    comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), stub_lib)
     table = eager.eager_table(comm, rounds=3, calls=5, issue_calls=3)
     assert list(table) == OPS
     for op, t in table.items():
@@ -48,14 +37,14 @@ def test_eager_table_measures_every_op_both_ways(lib, no_cuda_sync, attn_tp):
     assert "| gather_tokens+norm |" in eager.format_table(table, "t")
 
 
-def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(lib, monkeypatch):
+def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(stub_lib, monkeypatch):
     seen = []
     for module, name in ((dist, "all_reduce"), (collectives, "all_gather_single"),
                          (collectives, "reduce_scatter_single")):
         monkeypatch.setattr(module, name, lambda *a, _name=name, **k: seen.append((_name, k.get("group"))))
     for attn_tp, gather, scatter in ((1, ["all_gather_single"], ["reduce_scatter_single"]),
                                      (2, ["all_reduce"], ["all_reduce"])):
-        comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), lib)
+        comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), stub_lib)
         for op, (ours, theirs) in eager.eager_calls(comm).items():
             ours()
             assert comm.last_choice.backend == "nvlink", (attn_tp, op, comm.last_choice)
@@ -67,7 +56,7 @@ def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(lib, monkeypatch
                 assert [n for n, _ in seen] == scatter, (attn_tp, op, seen)
 
 
-def test_eager_profile_script_prints_the_table(lib, no_cuda_sync, monkeypatch):
+def test_eager_profile_script_prints_the_table(stub_lib, no_cuda_sync, monkeypatch):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     try:
         import eager_profile
@@ -75,7 +64,7 @@ def test_eager_profile_script_prints_the_table(lib, no_cuda_sync, monkeypatch):
         sys.path.pop(0)
     monkeypatch.setattr(timing, "max_over_ranks", lambda values: values)
     monkeypatch.setattr(timing, "environment", lambda: {})
-    monkeypatch.setattr(hc, "Communicator", lambda layout: gpu_route_communicator(layout, lib))
+    monkeypatch.setattr(hc, "Communicator", lambda layout: gpu_route_communicator(layout, stub_lib))
     result = eager_profile._profile(2, 2, 2, 5, 3, True)
     assert result["layout"] == "tp2" and list(result["table"]) == OPS
     assert "Eager cost, tp2" in result["report"] and "cProfile" in result["report"]

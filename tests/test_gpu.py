@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_count, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
 
@@ -72,6 +72,7 @@ def test_large_messages_cross_the_table_thresholds(pool):
     _run(pool, cases)
 
 
+@needs_nccl()
 @pytest.mark.timeout(900)
 def test_nccl_backend_matches_the_oracle_within_tolerance(pool):
     cases = []
@@ -92,6 +93,7 @@ def _closing_check(cases, backend, exact, table):
     return outcomes
 
 
+@needs_nccl()
 @pytest.mark.timeout(900)
 def test_nccl_symm_backend_matches_the_oracle_within_tolerance(pool):
     """The token transitions on NCCL symmetric windows (the other ops run as on nccl)."""

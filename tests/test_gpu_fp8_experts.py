@@ -14,7 +14,7 @@ On 4 GPUs the world-4 layouts, on 2 GPUs world 2.
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_count, needs_gpus, needs_nccl
 from test_fp8_experts import LAYOUTS_4, check_quantized_decoder, quantized_decoder
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
@@ -101,6 +101,7 @@ def gathers_into_one_gemm(layout_name: str, dp_sizes: list[int], hidden: int) ->
             "max_rel_diff": diff.max().item() if diff.numel() else 0.0}
 
 
+@needs_nccl()
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", ["dp", "tp"])
 def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
@@ -117,6 +118,7 @@ def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
             assert r["same_bytes"] > r["rows"] // 2, f"rank {rank}: {r}"
 
 
+@needs_nccl()
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("quant", ["fp8", "nvfp4"])
 def test_quantized_decoder_ours_vs_nccl(pool, quant):

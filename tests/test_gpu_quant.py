@@ -9,7 +9,7 @@ themselves may differ from the reference's in the last bit). Outputs are poisone
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_count, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator
 from hybridcomm.quant import FORMATS
@@ -85,6 +85,7 @@ def test_model_hidden_sizes_and_many_rows(pool, hidden):
     _run(pool, model_qcases(hidden))
 
 
+@needs_nccl()
 @pytest.mark.timeout(900)
 def test_nccl_backend_within_the_format_bound(pool):
     world = _world()

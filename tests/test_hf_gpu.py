@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_count, needs_gpus, needs_nccl
 
 pytest.importorskip("transformers")
 
@@ -70,6 +70,7 @@ def test_featured_deepseek_v3_graph_decode_matches_one_gpu(pool, layout):
         assert r["max_rel_error"] < TOLERANCE["float32"] and r["top1_agreement"] == 1.0, r
 
 
+@needs_nccl()
 @pytest.mark.parametrize("backend", ["nccl", "nccl_symm"])
 def test_nccl_graphs_with_host_counts(pool, backend):
     name, attn_tp, moe_tp = LAYOUTS[0]

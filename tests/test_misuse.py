@@ -242,9 +242,11 @@ def _workspace_released(n):
 
 @pytest.mark.timeout(300)
 def test_close_releases_the_nvlink_workspace(pool):
-    from conftest import gpu_count
+    from conftest import gpu_count, sharing_gpus
     if gpu_count() < 2:
         pytest.skip(f"needs 2 CUDA GPUs, found {gpu_count()}")
+    if sharing_gpus():  # the caching allocator keeps what close() drops there (shared_gpu.py)
+        pytest.skip("--gpu-ranks: workspaces of ranks sharing a GPU are not symmetric memory")
     n = min(gpu_count(), 4)
     for total, freed, handles, args in pool(n, "cuda").run(_workspace_released, n, timeout=240):
         assert total > 0 and handles == {} and args == {}
