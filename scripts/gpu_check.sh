@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
-# under $OUT. World = the GPUs there are: 4 with 4 or more, else 2.
+# under $OUT. World = the GPUs there are: 4 with 4 or more, else 2. With one GPU the ranks share
+# it (GPU_RANKS of them, default 2; src/hybridcomm/shared_gpu.py): our kernels run, time-sliced,
+# without NCCL, so only the stages that check correctness (test, check) mean anything there.
 #   bash scripts/gpu_check.sh [stage ...]
 #   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace sweep
-# (default: info build test check ops transitions layer). nodes: every GPU as two simulated
-# nodes (ranks_per_node = GPUs / 2). NVLink multicast stays off (docs/architecture.md,
-# "The kernel protocols"): never remove these exports.
+# (default: info build test check ops transitions layer; one GPU: info build test check).
+# nodes: every GPU as two simulated nodes (ranks_per_node = GPUs / 2). NVLink multicast stays
+# off (docs/architecture.md, "The kernel protocols"): never remove these exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-results/gpu-run}
 LOGS="$OUT/run"  # everything goes here; packed into $OUT/run.tgz at the end (one file travels back)
 mkdir -p "$LOGS"
-stages=${*:-info build test check ops transitions layer}
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-if [ "$GPUS" -ge 4 ]; then WORLD=4; else WORLD=2; fi
-TAG="${WORLD}x$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)"
+GPU_NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)
+SHARE=(); TEST_SHARE=()  # with one GPU: the flags that let ranks share it
+if [ "$GPUS" -ge 4 ]; then WORLD=4; elif [ "$GPUS" -ge 2 ]; then WORLD=2; else
+  WORLD=${GPU_RANKS:-2}; SHARE=(--share-gpus); TEST_SHARE=(--gpu-ranks "$WORLD")
+fi
+if [ ${#SHARE[@]} -eq 0 ]; then
+  stages=${*:-info build test check ops transitions layer}; TAG="${WORLD}x$GPU_NAME"
+else
+  stages=${*:-info build test check}; TAG="${WORLD}ranks-on-1x$GPU_NAME"
+fi
 if [ "$WORLD" -eq 4 ]; then
   LAYOUTS=dp2xtp2,dp4,tp4; LAYER_LAYOUTS="--layout dp2xtp2 --layout dp4 --layout tp4"; MAIN=dp2xtp2
   MODEL_LAYOUTS=${MODEL_LAYOUTS:-dp2xtp2 dp4 tp4}; DSV3_LAYERS=${DSV3_LAYERS-}
@@ -25,7 +34,7 @@ else
 fi
 MODEL_TOKENS=${MODEL_TOKENS:-1,4,16,64,256,uneven}; MODEL_TIMEOUT=${MODEL_TIMEOUT:-240}
 MODEL_CONFIGS=${MODEL_CONFIGS:-qwen3-30b-a3b deepseek-v3}  # (model stage: one run per config x layout)
-echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS"
+echo "=== $GPUS GPUs: world $WORLD, layouts $LAYOUTS${SHARE[@]+ (ranks sharing the GPU)}"
 RPN=$((GPUS / 2))
 status=0
 run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
@@ -45,12 +54,12 @@ for stage in $stages; do
     # Every GPU test: the kernels, the device-side agreement, Lamport, quantized gathers, the
     # Hugging Face models, and the misuse cases that have a CUDA variant.
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
+           ${TEST_SHARE[@]+"${TEST_SHARE[@]}"} tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py \
            tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py tests/test_gpu_row_grids.py \
            tests/test_hf_gpu.py tests/test_pdl.py tests/test_gpu_two_step.py tests/test_gpu_pipelined.py \
            "tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend" \
            "tests/test_misuse.py::test_close_releases_the_nvlink_workspace" ;;
-    check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ;;
+    check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ${SHARE[@]+"${SHARE[@]}"} ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --world "$WORLD" --layouts "$LAYOUTS" \
                    --out "$LOGS/transitions_$TAG.json" ;;
