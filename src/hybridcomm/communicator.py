@@ -56,7 +56,8 @@ class Communicator:
         hanging or returning garbage. Costs one all-gather of a small int64 row per op; every
         rank must make every call. README "What is checked" says what is checked without it.
     timeout_s: deadline of every wait inside our kernels (PeerTimeout on expiry).
-    backend: "auto" (CPU: reference; CUDA: the selection table), or force one of
+    backend: "auto" (CPU: reference; CUDA: the selection table, whose NCCL calls run on the
+        reference backend where torch.distributed has no NCCL process group), or force one of
         "reference", "nccl", "nccl_symm", "nvlink" (nvlink still falls back to NCCL where it
         cannot run; nccl_symm, a benchmark baseline: backends/nccl_symm.py).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
@@ -416,9 +417,9 @@ class Communicator:
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,
                                                     sizes is not None and sizes.on_device, self.tables)
-            if self.device.type == "cpu" and choice.backend == "nccl":
+            if choice.backend not in self.backends:  # no NCCL (CPU, or a gloo process group)
                 choice = algorithms.Choice("hierarchical", "two_shot" if op == "all_reduce" else "rail_first",
-                                           "CPU: no NCCL")
+                                           "no NCCL")
             return choice
         if self.device.type == "cpu":
             return algorithms.Choice("reference", None, "CPU")
