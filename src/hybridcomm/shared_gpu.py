@@ -21,16 +21,10 @@ import torch
 import torch.distributed as dist
 
 
-def device_ids(device: torch.device, group) -> list[str]:
-    """Every member's GPU (its UUID), in group order."""
-    mine = str(torch.cuda.get_device_properties(device).uuid)
-    ids: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(ids, mine, group=group)
-    return ids
-
-
 def ranks_share_a_gpu(device: torch.device, group) -> bool:
-    ids = device_ids(device, group)
+    """Whether two members of `group` run on one GPU (their UUIDs compared). Collective."""
+    ids: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ids, str(torch.cuda.get_device_properties(device).uuid), group=group)
     return len(set(ids)) < len(ids)
 
 

@@ -40,9 +40,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-
 from .algorithms import Rule
+from .bench.report import input_elem_bytes
 from .layout import Layout
 from .ops import OPS
 from .table_file import FORMAT, rules_to_json
@@ -99,10 +98,6 @@ def preference(op: str) -> list[tuple[str, str]]:
     return [("nvlink", a.name) for a in OPS[op].algorithms] + [NCCL]
 
 
-def _elem_bytes(dtype: str) -> int:
-    return getattr(torch, dtype.removeprefix("torch.")).itemsize
-
-
 def _world(results: dict, where: str) -> int:
     if "world_size" in results:
         return int(results["world_size"])
@@ -156,7 +151,7 @@ def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tup
         return _samples(quant_records(results), where, lambda r: (r["bytes"], f"{where}:{r['layout']}"))
     if what == "ops":
         return _samples(results["records"], where, lambda r: (r["bytes"], where))
-    elem = _elem_bytes(results["dtype"])  # transitions: message = all tokens x hidden
+    elem = input_elem_bytes(results)  # transitions: message = all tokens x hidden
     return _samples([r for r in results["records"] if r["case"] == "balanced"], where,
                     lambda r: (sum(r["tokens_per_dp"]) * results["hidden"] * elem, f"{where}:{r['layout']}"))
 

@@ -20,14 +20,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import torch
-
 from ..layout import Layout
 from ..quant import FORMATS
-
-
-def _dtype_bytes(name: str) -> int:
-    return torch.empty(0, dtype=getattr(torch, name.removeprefix("torch."))).element_size()
+from .report import _table, input_elem_bytes
 
 
 def interpolate(curve: list[tuple[float, float]], x: float) -> float | None:
@@ -41,7 +36,7 @@ def interpolate(curve: list[tuple[float, float]], x: float) -> float | None:
 def floor_rows(results: dict) -> list[dict]:
     """One row per pure-DP layout, hidden, format and balanced token count that has both a
     quantized time (the Communicator's choice, "hybridcomm") and an hc_bf16 curve around it."""
-    elem = _dtype_bytes(results["dtype"])
+    elem = input_elem_bytes(results)
     times: dict = defaultdict(dict)  # (layout, hidden, format) -> tokens -> impl -> us
     for r in results["records"]:
         if r["case"] == "balanced" and Layout.parse(r["layout"]).attn_tp == 1:
@@ -63,8 +58,6 @@ def floor_rows(results: dict) -> list[dict]:
 
 
 def floor_markdown(results: dict) -> str:
-    from .report import _table
-
     rows = [[r["layout"], str(r["hidden"]), r["format"], str(r["tokens"]), f"{r['bf16']:.2f}",
              f"{r['quantized']:.2f}", f"{r['quantized'] / r['bf16']:.2f}", f"{r['as_bf16_tokens']:.1f}",
              f"{r['floor']:.2f}", f"{r['floor'] / r['bf16']:.2f}", f"{r['quantized'] / r['floor']:.2f}"]

@@ -11,6 +11,13 @@ BASELINES = ("nccl", "nccl_symm", "symm_one_shot", "symm_two_shot")
 TRANSITION_BASELINES = ("nccl", "nccl_symm", "nccl_ar", "nccl_symm_ar", "symm_one_shot_ar")
 
 
+def input_elem_bytes(results: dict) -> int:
+    """Bytes per element of a run's input dtype (its "dtype": "torch.bfloat16" or "bfloat16")."""
+    import torch
+
+    return getattr(torch, results["dtype"].removeprefix("torch.")).itemsize
+
+
 def human_bytes(n: int) -> str:
     for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= size and n % size == 0:
