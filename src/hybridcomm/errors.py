@@ -4,6 +4,18 @@
 class HybridCommError(RuntimeError):
     """Base class for failures detected while communicating (not for bad arguments)."""
 
+    def __reduce__(self):
+        # Pickle (a worker process sending the error to its parent) restores the message and
+        # the attributes without calling __init__, whose arguments differ between subclasses.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type, args: tuple, attributes: dict) -> HybridCommError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(attributes)
+    return error
+
 
 class PeerTimeout(HybridCommError):
     """A kernel waited past its deadline for a peer; the communicator is unusable afterwards.

@@ -60,17 +60,17 @@ def _worker(rank: int, world_size: int, device: str, share_gpus: bool, port: int
         task = tasks.get()
         if task is None:
             break
-        fn, args = task
+        call, fn, args = task
         try:
-            results.put((rank, True, fn(*args)))
+            results.put((call, rank, True, fn(*args)))
         except BaseException as e:  # report everything, keep serving
             tb = traceback.format_exc()
-            try:
-                pickle.dumps(e)
+            try:  # the parent must be able to load it, not only this process to dump it
+                pickle.loads(pickle.dumps(e))
                 payload = (e, tb)
             except Exception:
                 payload = (RuntimeError(f"{type(e).__name__}: {e}"), tb)
-            results.put((rank, False, payload))
+            results.put((call, rank, False, payload))
     dist.destroy_process_group()
 
 
@@ -83,6 +83,7 @@ class SpmdPool:
         ctx = mp.get_context("spawn")
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
+        self._calls = 0  # numbers each run(): a result of an earlier call that failed is dropped
         port = free_port()
         self._procs = [ctx.Process(target=_worker, daemon=True,
                                    args=(r, world_size, device, share_gpus, port, self._tasks[r], self._results))
@@ -98,17 +99,23 @@ class SpmdPool:
         to a RemoteError that holds every failing rank's traceback."""
         if self._procs is None:
             raise RuntimeError("SpmdPool is closed")
+        self._calls += 1
         for q in self._tasks:
-            q.put((fn, args))
+            q.put((self._calls, fn, args))
         got: dict[int, tuple[bool, object]] = {}
         deadline = time.monotonic() + timeout
         while len(got) < self.world_size:
             try:
-                rank, ok, value = self._results.get(timeout=0.5)
-                got[rank] = (ok, value)
+                call, rank, ok, value = self._results.get(timeout=0.5)
+                if call == self._calls:
+                    got[rank] = (ok, value)
                 continue
             except queue.Empty:
                 pass
+            except Exception as e:  # a result that cannot be loaded: the workers' state is unknown
+                self.close(kill=True)
+                raise RuntimeError(f"{getattr(fn, '__name__', fn)}: a worker's result could not be loaded "
+                                   f"({type(e).__name__}: {e}); the worker processes were killed") from e
             dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
             missing = sorted(set(range(self.world_size)) - set(got))
             if dead or time.monotonic() > deadline:
