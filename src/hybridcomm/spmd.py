@@ -41,6 +41,8 @@ worker_device: str | None = None  # in a worker process: "cpu" or "cuda", the po
 def _worker(rank: int, world_size: int, device: str, share_gpus: bool, port: int, tasks, results) -> None:
     global worker_device
     worker_device = device
+    if device == "cpu":  # a CPU pool on a GPU machine stays on the CPU: a default device is the CPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # (read when CUDA starts, which nothing here did yet)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     import torch
