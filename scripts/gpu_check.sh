@@ -47,21 +47,15 @@ run() {  # run NAME CMD...: log to $OUT/NAME.log, remember failures, keep going
   echo "=== $name: exit $rc after $((SECONDS - t0)) s"
   [ $rc -eq 0 ] || status=1
 }
-ALL_GPU_TESTS="tests/test_gpu.py tests/test_gpu_agreement.py tests/test_gpu_lamport.py tests/test_gpu_latency.py
-  tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_fp8_experts.py tests/test_gpu_counts.py
-  tests/test_gpu_row_grids.py tests/test_hf_gpu.py tests/test_pdl.py tests/test_gpu_two_step.py tests/test_gpu_pipelined.py
-  tests/test_misuse.py::test_validate_raises_the_same_error_on_every_rank_of_every_backend
-  tests/test_misuse.py::test_close_releases_the_nvlink_workspace"
 for stage in $stages; do
   case $stage in
     info) run info python3 -m hybridcomm info --layout "$MAIN" ;;
     build) run build python3 -m hybridcomm build ;;
-    # Every GPU test (or GPU_TESTS, space-separated: to split the tests over calls of 10 minutes
-    # with ranks sharing a GPU): the kernels, the device-side agreement, Lamport, quantized
-    # gathers, the Hugging Face models, and the misuse cases that have a CUDA variant.
+    # Every test marked gpu (pytest -m gpu), in tests/ or in GPU_TESTS (files or test ids, space-
+    # separated: to split them over calls of 10 minutes when ranks share a GPU).
     # shellcheck disable=SC2086  (one word per test)
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           ${TEST_SHARE[@]+"${TEST_SHARE[@]}"} ${GPU_TESTS:-$ALL_GPU_TESTS} ;;
+           -m gpu ${TEST_SHARE[@]+"${TEST_SHARE[@]}"} ${GPU_TESTS:-tests} ;;
     check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ${SHARE[@]+"${SHARE[@]}"} ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --world "$WORLD" --layouts "$LAYOUTS" \

@@ -240,6 +240,7 @@ def _workspace_released(n):
     return total, free_after - free_before, nvlink.handles, nvlink.workspace.args
 
 
+@pytest.mark.gpu
 @pytest.mark.timeout(300)
 def test_close_releases_the_nvlink_workspace(pool):
     from conftest import gpu_count, sharing_gpus
@@ -286,7 +287,7 @@ def _validated_world2(device):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_validate_raises_the_same_error_on_every_rank_of_every_backend(pool, device):
     from conftest import gpu_count
     if device == "cuda" and gpu_count() < 2:
