@@ -85,7 +85,7 @@ class SpmdPool:
         ctx = mp.get_context("spawn")
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
-        self._calls = 0  # numbers each run(): a result of an earlier call that failed is dropped
+        self._calls = 0  # numbers each run()
         port = free_port()
         self._procs = [ctx.Process(target=_worker, daemon=True,
                                    args=(r, world_size, device, share_gpus, port, self._tasks[r], self._results))
@@ -104,35 +104,40 @@ class SpmdPool:
         self._calls += 1
         for q in self._tasks:
             q.put((self._calls, fn, args))
-        got: dict[int, tuple[bool, object]] = {}
-        deadline = time.monotonic() + timeout
-        while len(got) < self.world_size:
-            try:
-                call, rank, ok, value = self._results.get(timeout=0.5)
-                if call == self._calls:
-                    got[rank] = (ok, value)
-                continue
-            except queue.Empty:
-                pass
-            except Exception as e:  # a result that cannot be loaded: the workers' state is unknown
-                self.close(kill=True)
-                raise RuntimeError(f"{getattr(fn, '__name__', fn)}: a worker's result could not be loaded "
-                                   f"({type(e).__name__}: {e}); the worker processes were killed") from e
-            dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
-            missing = sorted(set(range(self.world_size)) - set(got))
-            if dead or time.monotonic() > deadline:
-                self.close(kill=True)
-                name = getattr(fn, "__name__", fn)
-                if dead:
-                    raise RuntimeError(f"{name}: worker processes exited (rank, exit code): {dead}")
-                raise TimeoutError(f"{name} did not finish within {timeout:g} s on ranks {missing}; "
-                                   f"the worker processes were killed")
+        got = self._collect(getattr(fn, "__name__", fn), timeout)
         failed = {r: v for r, (ok, v) in got.items() if not ok}
         if failed:
             details = "\n".join(f"--- rank {r} ---\n{tb}" for r, (_, tb) in sorted(failed.items()))
             first = failed[min(failed)][0]
             raise first from RemoteError(details)
         return [got[r][1] for r in range(self.world_size)]
+
+    def _collect(self, name, timeout: float) -> dict[int, tuple[bool, object]]:
+        """rank -> (ok, value) of the current call; kills the workers on a timeout, a dead worker or a
+        result that cannot be loaded (then their state is unknown)."""
+        got: dict[int, tuple[bool, object]] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < self.world_size:
+            try:
+                call, rank, ok, value = self._results.get(timeout=0.5)
+                if call == self._calls:  # (a result of an earlier call that failed is dropped)
+                    got[rank] = (ok, value)
+                continue
+            except queue.Empty:
+                pass
+            except Exception as e:
+                self.close(kill=True)
+                raise RuntimeError(f"{name}: a worker's result could not be loaded "
+                                   f"({type(e).__name__}: {e}); the worker processes were killed") from e
+            dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                missing = sorted(set(range(self.world_size)) - set(got))
+                self.close(kill=True)
+                if dead:
+                    raise RuntimeError(f"{name}: worker processes exited (rank, exit code): {dead}")
+                raise TimeoutError(f"{name} did not finish within {timeout:g} s on ranks {missing}; "
+                                   f"the worker processes were killed")
+        return got
 
     def close(self, kill: bool = False) -> None:
         if self._procs is None:
