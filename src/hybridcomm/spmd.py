@@ -10,6 +10,7 @@ rank, with torch.distributed initialised (gloo on CPU, NCCL on CUDA, one GPU per
 With share_gpus, more CUDA ranks than GPUs take turns on them (rank r on GPU r % count) and
 torch.distributed runs gloo, since NCCL refuses two ranks on one GPU: for correctness tests on
 a machine with fewer GPUs than ranks (shared_gpu.py says what that can and cannot show).
+A CPU pool's workers see no GPU, so what runs there on a GPU machine runs as on one without.
 """
 
 from __future__ import annotations
