@@ -3,7 +3,8 @@
 Functions run on the workers must be module-level in an importable module (the test
 modules themselves are importable: pytest puts tests/ on sys.path, and spawned workers
 inherit it). Every pool call has a timeout, so a hung collective fails its test instead
-of hanging the suite.
+of hanging the suite, and after a failed test the pools start afresh, so one failure (a
+PeerTimeout breaks the communicators the workers keep) does not fail the tests after it.
 
 `pytest --gpu-ranks N` runs the GPU tests as if N GPUs were visible: with fewer, ranks share
 them (src/hybridcomm/shared_gpu.py: our kernels run, time-sliced, on gloo process groups), and
@@ -38,19 +39,31 @@ def pytest_configure(config):
         os.environ[GPU_RANKS_ENV] = str(ranks)
 
 
+_pools: dict[tuple[int, str], SpmdPool] = {}  # (world size, device) -> the session's pool
+
+
 @pytest.fixture(scope="session")
 def pool():
-    pools: dict[tuple[int, str], SpmdPool] = {}
-
     def get(world_size: int, device: str = "cpu") -> SpmdPool:
         key = (world_size, device)
-        if key not in pools or not pools[key].alive:
-            pools[key] = SpmdPool(world_size, device, share_gpus=device == "cuda" and world_size > _visible_gpus())
-        return pools[key]
+        if key not in _pools or not _pools[key].alive:
+            _pools[key] = SpmdPool(world_size, device, share_gpus=device == "cuda" and world_size > _visible_gpus())
+        return _pools[key]
 
     yield get
-    for p in pools.values():
+    for p in _pools.values():
         p.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.when == "call" and report.failed:
+        # Workers keep their communicators from test to test (check.communicator). After a failure
+        # one may be broken (after a PeerTimeout it raises on every call), which would fail every
+        # later test that uses it: the next test gets fresh workers instead.
+        for p in _pools.values():
+            p.close(kill=True)
 
 
 def _visible_gpus() -> int:

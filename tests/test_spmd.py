@@ -2,12 +2,16 @@
 the pool instead of leaking into the next call (a PeerTimeout once could not be unpickled, and
 every later test of that session read the broken queue)."""
 
+import os
 import pickle
+from pathlib import Path
 
 import pytest
 
 from hybridcomm.errors import ArgumentMismatch, PeerTimeout
 from hybridcomm.spmd import SpmdPool
+
+pytest_plugins = ["pytester"]
 
 
 @pytest.mark.parametrize("error", [
@@ -54,3 +58,30 @@ def test_a_result_that_cannot_be_loaded_kills_the_pool_so_no_later_call_reads_it
         with pytest.raises(RuntimeError, match="_unloadable_on: a worker's result could not be loaded"):
             spmd.run(_unloadable_on, 1, timeout=60)
         assert not spmd.alive
+
+
+_INNER_TESTS = '''
+import os
+pids = []
+def _pid():
+    return os.getpid()
+def test_a_fails(pool):
+    pids.append(pool(2).run(_pid))
+    assert False
+def test_b_gets_fresh_workers(pool):
+    assert pool(2).run(_pid) != pids[0]
+def test_c(pool):
+    pids.append(pool(2).run(_pid))
+def test_d_keeps_them_while_tests_pass(pool):
+    assert pool(2).run(_pid) == pids[1]
+'''
+
+
+def test_after_a_failed_test_the_next_one_gets_fresh_workers(pytester, monkeypatch):
+    # (their communicators may be broken: tests/conftest.py's pytest_runtest_makereport)
+    src = Path(__file__).resolve().parent.parent / "src"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
+    pytester.makeconftest((Path(__file__).parent / "conftest.py").read_text())
+    pytester.makepyfile(test_inner=_INNER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=1)
