@@ -121,7 +121,7 @@ class SpmdPool:
         while len(got) < self.world_size:
             try:
                 call, rank, ok, value = self._results.get(timeout=0.5)
-                if call == self._calls:  # (a result of an earlier call that failed is dropped)
+                if call == self._calls:  # (a late result of an earlier call, e.g. one a test's timeout interrupted)
                     got[rank] = (ok, value)
                 continue
             except queue.Empty:

@@ -6,8 +6,8 @@ of the two runs with the same naming fields are paired, and each pair gives afte
 the change is faster). Fields derived from the time (busbw) are not names. Records in only one
 run are counted, not paired.
 
-Two runs of one machine drift by a few percent; `scripts/time_experiments.sh` therefore times
-main before and after the change, and a change counts only where it beats both.
+Two runs of one machine drift (by how much: experiments/README.md); `scripts/time_experiments.sh`
+therefore times main before and after the change, and a change counts only where it beats both.
 """
 
 from __future__ import annotations
