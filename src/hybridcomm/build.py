@@ -1,8 +1,13 @@
-"""Build csrc/*.cu with nvcc into a shared library, cached by source hash, nvcc and GPU arch.
+"""Build csrc/*.cu with nvcc into a shared library named by GPU arch and a hash of the sources.
 
 The library's API is extern "C" (declared in abi.py, mirroring csrc/abi.h) (raw pointers, sizes, cudaStream_t), so it does not depend
 on PyTorch's C++ ABI: any nvcc that supports the arch builds it, and CI compiles it with no
 GPU present (`hybridcomm build --arch 90a`).
+
+Where the library is looked for, in order: the package's `prebuilt/` folder (a wheel built
+after `hybridcomm build --out src/hybridcomm/prebuilt` carries it), then the cache. Only when
+neither has it is nvcc needed, so a machine without the CUDA toolkit runs the kernels built
+elsewhere (README: "Kernels without nvcc").
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +26,8 @@ from pathlib import Path
 from . import abi
 
 CSRC = Path(__file__).parent / "csrc"
+PREBUILT = Path(__file__).parent / "prebuilt"  # libraries shipped inside the package
+SOURCE_SUFFIXES = (".cu", ".cuh", ".h")  # the files a library is built from (and its key hashes)
 NVCC_FLAGS = ["-std=c++17", "-O3", "-lineinfo", "-Xcompiler", "-fPIC"]
 # Library variants: name -> extra nvcc flags, each built and cached on its own. "trace": the
 # kernels stamp their phase boundaries (csrc/trace.cuh; scripts/latency_trace.py reads them).
@@ -55,15 +63,40 @@ def cache_dir() -> Path:
     return Path(base) / "hybridcomm"
 
 
-def _fingerprint(arch: str, nvcc: str, flags: list[str]) -> str:
+def _build_key(arch: str, flags: list[str]) -> str:
+    """What a library is built from: GPU arch, the host's machine type (a wheel built on x86_64
+    must not serve aarch64), flags and sources. Not the nvcc that built it, so that finding a
+    built library needs no nvcc (delete the cache to rebuild with another)."""
     h = hashlib.sha256()
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    for part in (arch, version, " ".join(flags)):
+    for part in (arch, platform.machine(), " ".join(flags)):
         h.update(part.encode())
-    for f in sorted(p for p in CSRC.iterdir() if p.suffix in (".cu", ".cuh", ".h")):
+    for f in sorted(p for p in CSRC.iterdir() if p.suffix in SOURCE_SUFFIXES):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def library_name(arch: str, variant: str = "") -> str:
+    """The file name of the library these sources make for `arch` and `variant`."""
+    stem = f"libhybridcomm{'-' + variant if variant else ''}-{arch}"
+    return f"{stem}-{_build_key(arch, NVCC_FLAGS + VARIANTS[variant])}.so"
+
+
+def find(arch: str, variant: str = "") -> Path | None:
+    """The built library for `arch` and `variant`, prebuilt or cached, or None."""
+    name = library_name(arch, variant)
+    return next((folder / name for folder in (PREBUILT, cache_dir()) if (folder / name).exists()), None)
+
+
+def _nvcc_to_build(arch: str, variant: str) -> str:
+    try:
+        return nvcc_path()
+    except RuntimeError:
+        raise RuntimeError(
+            f"no kernel library {library_name(arch, variant)} for sm_{arch} in {PREBUILT} or {cache_dir()}, "
+            f"and no nvcc to build one: install the CUDA toolkit (nvcc on PATH or CUDA_HOME set), or build "
+            f"it where nvcc is (`hybridcomm build --arch {arch} --out DIR`) and put the file in one of "
+            f"those folders") from None
 
 
 def compile_cubin(source: Path, out: Path, arch: str, extra_flags: tuple[str, ...] = ()) -> str:
@@ -100,13 +133,13 @@ def compile_objects(arch: str, out_dir: Path, nvcc: str | None = None, verbose: 
 
 def build(arch: str | None = None, verbose: bool = False, variant: str | None = None) -> Path:
     """Path of the shared library for `arch` (and `variant`, default: the module's), building
-    it first if the cache lacks it."""
+    it into the cache first if neither the package's prebuilt folder nor the cache has it."""
     arch, variant = arch or device_arch(), variant if variant is not None else globals()["variant"]
-    nvcc = nvcc_path()
-    name = f"libhybridcomm{'-' + variant if variant else ''}-{arch}"
-    target = cache_dir() / f"{name}-{_fingerprint(arch, nvcc, NVCC_FLAGS + VARIANTS[variant])}.so"
-    if target.exists():
-        return target
+    found = find(arch, variant)
+    if found:
+        return found
+    nvcc = _nvcc_to_build(arch, variant)
+    target = cache_dir() / library_name(arch, variant)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # ranks starting together build once

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def cmd_info(args) -> int:
         print(f"CUDA {torch.version.cuda}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, {n} GPU(s)")
         for i in range(n):
             print(f"  GPU {i}: {torch.cuda.get_device_name(i)}")
+        print(f"kernels: {_kernel_library()}")
         if n > 1:
             print("peer access (row -> column):")
             print("      " + " ".join(f"{j:>3}" for j in range(n)))
@@ -62,6 +64,19 @@ def cmd_info(args) -> int:
     print("ops and their kernel algorithms (protocol):")
     print(describe_ops())
     return 0
+
+
+def _kernel_library() -> str:
+    from . import build
+
+    arch = build.device_arch()
+    found = build.find(arch)
+    if found:
+        return str(found)
+    try:
+        return f"not built for sm_{arch} yet: the first Communicator builds them with {build.nvcc_path()}"
+    except RuntimeError as e:
+        return f"none for sm_{arch}, and no nvcc to build them ({e}): README, 'Kernels without nvcc'"
 
 
 # -- check -------------------------------------------------------------------------------------
@@ -147,7 +162,11 @@ def cmd_build(args) -> int:
         objs = build.compile_objects(arch, Path(args.objects), verbose=True, variant=args.variant)
         print(f"compiled {len(objs)} object(s) for sm_{arch} into {args.objects}")
     else:
-        print(build.build(arch, verbose=True, variant=args.variant))
+        library = build.build(arch, verbose=True, variant=args.variant)
+        if args.out:  # e.g. src/hybridcomm/prebuilt before `pip wheel .`: a machine without nvcc loads it
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            library = shutil.copy2(library, Path(args.out) / library.name)
+        print(library)
     return 0
 
 
@@ -411,6 +430,8 @@ def parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="compile the CUDA sources (cached)")
     build.add_argument("--arch", default=None, help="e.g. 90a (default: the current GPU's)")
     build.add_argument("--objects", default=None, help="only compile objects into this folder (CI)")
+    build.add_argument("--out", default=None,
+                       help="also copy the library into this folder (src/hybridcomm/prebuilt: shipped in a wheel)")
     build.add_argument("--variant", default="", choices=sorted(VARIANTS),
                        help="'trace': the library whose kernels stamp phase boundaries (scripts/latency_trace.py)")
     build.set_defaults(fn=cmd_build)
