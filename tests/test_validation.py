@@ -116,3 +116,20 @@ def _wrong_world():
 def test_layout_world_must_match_torch_distributed(pool):
     for msg in pool(2).run(_wrong_world):
         assert "world_size=4 but torch.distributed has 2 ranks" in msg
+
+
+def _bad_max_sms():
+    import hybridcomm as hc
+    messages = []
+    for value in (0, -3, 2.5, True, "8"):
+        try:
+            hc.Communicator(hc.Layout(2), max_sms=value)
+        except ValueError as e:
+            messages.append(str(e))
+    return messages
+
+
+def test_max_sms_must_be_a_positive_int(pool):
+    for messages in pool(2).run(_bad_max_sms):
+        assert len(messages) == 5
+        assert all(m.startswith("max_sms: expected a positive int or None, got") for m in messages)

@@ -292,30 +292,38 @@ def cases_for_layout(layout: Layout, dtypes=("float32", "bfloat16"), data: str =
     return cases
 
 
-_communicators: dict = {}  # per worker: (layout, backend, table, validate) -> Communicator
+_communicators: dict = {}  # per worker: (layout, backend, table, validate, max_sms) -> Communicator
 
 
-def communicator(layout: Layout, backend: str = "auto", table: str = "auto", validate: bool = False):
+def communicator(layout: Layout, backend: str = "auto", table: str = "auto", validate: bool = False,
+                 max_sms: int | None = None):
     """This worker's Communicator for these settings, created once (creation is collective)."""
     import torch.distributed as dist
 
     from . import spmd
     from .communicator import Communicator
 
-    key = (layout, backend, table, validate)
+    key = (layout, backend, table, validate, max_sms)
     if key not in _communicators:
         device = spmd.worker_device or ("cuda" if dist.get_backend() == "nccl" else "cpu")  # or torchrun's
         _communicators[key] = Communicator(layout, device=device, backend=backend, validate=validate,
-                                           table=table)  # a name or a file (algorithms.node_tables)
+                                           table=table, max_sms=max_sms)  # table: a name or a file
     return _communicators[key]
 
 
+def close_communicators(max_sms: int) -> None:
+    """Close and forget this worker's communicators made with this max_sms (tests that make one
+    per table free their workspaces)."""
+    for key in [k for k in _communicators if k[4] == max_sms]:
+        _communicators.pop(key).close()
+
+
 def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = False,
-                table: str = "auto") -> list[Outcome]:
+                table: str = "auto", max_sms: int | None = None) -> list[Outcome]:
     """Worker entry: run every case on this rank through one Communicator per layout."""
     outcomes = []
     for case in cases:
-        comm = communicator(case.layout, backend, table, validate)
+        comm = communicator(case.layout, backend, table, validate, max_sms)
         outcomes.append(run_case(comm, case, comm.device, exact))
     return outcomes
 

@@ -61,6 +61,11 @@ class Communicator:
         "reference", "nccl", "nccl_symm", "nvlink" (nvlink still falls back to NCCL where it
         cannot run; nccl_symm, a benchmark baseline: backends/nccl_symm.py).
     workspace_bytes: per peer and buffer of the nvlink workspace (see `hybridcomm info`).
+    max_sms: the most SMs (blocks: one per SM at most) a kernel of ours occupies; default every SM
+        of the GPU; the smallest over the ranks is used. Give it when ours run where fewer SMs are
+        available than the GPU has (a green context, MPS with an active-thread limit): our
+        kernels need all of their blocks resident at once, and otherwise wait until PeerTimeout.
+        Also a way to leave SMs to work that runs beside ours. Larger messages take longer.
     table: the selection table (default: on CUDA the packaged table of this machine shape,
         "<GPUs per node>x<GPU>" such as "2xH200", where one exists, else algorithms.TABLE, which
         is tables/4xH200.json's rules); tests and tuning pass others. A
@@ -71,7 +76,7 @@ class Communicator:
 
     def __init__(self, layout: Layout, device=None, *, validate: bool = False,
                  timeout_s: float = 10.0, backend: str = "auto",
-                 workspace_bytes: int | None = None, table: dict | None = None):
+                 workspace_bytes: int | None = None, table: dict | None = None, max_sms: int | None = None):
         if not isinstance(layout, Layout):
             raise TypeError(f"layout: expected a hybridcomm.Layout, got {type(layout).__name__}")
         if not dist.is_initialized():
@@ -84,6 +89,8 @@ class Communicator:
             raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+        if max_sms is not None and (not isinstance(max_sms, int) or isinstance(max_sms, bool) or max_sms < 1):
+            raise ValueError(f"max_sms: expected a positive int or None, got {max_sms!r}")
         self.layout = layout
         self.rank = dist.get_rank()
         self.device = resolve_device(device)
@@ -113,7 +120,7 @@ class Communicator:
                 self.backends["nccl_symm"] = NcclSymmBackend(self.groups, self.device)
             if backend in ("auto", "nvlink"):
                 from .backends.nvlink import NvlinkBackend
-                self.backends["nvlink"] = NvlinkBackend(self, workspace_bytes)
+                self.backends["nvlink"] = NvlinkBackend(self, workspace_bytes, max_sms=max_sms)
         elif backend in ("nccl", "nccl_symm", "nvlink"):
             raise ValueError(f"backend={backend!r} needs a CUDA device, got {self.device}")
 

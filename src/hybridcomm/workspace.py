@@ -118,13 +118,25 @@ def peer_access_blocker(layout: Layout, device: torch.device) -> str | None:
     return None
 
 
+def agreed_max_blocks(device: torch.device, group, max_sms: int | None) -> int:
+    """The most blocks a kernel launches: one per SM of the GPU, or max_sms (fewer leave SMs to
+    other work, and must fit what a green context or an MPS limit gives: every block of a
+    kernel must be resident at once), at most MAX_BLOCKS; the smallest over the ranks that
+    share memory, since a kernel's grid must be the same on every member (the bulk protocol's
+    flags are per block)."""
+    mine = min(torch.cuda.get_device_properties(device).multi_processor_count, max_sms or MAX_BLOCKS, MAX_BLOCKS)
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    return min(everyone)
+
+
 class Workspace:
     """chunked: the regions end with the chunked protocol's section (the pipelined algorithms);
     the Communicator asks for it only where its table can pick one of those, since it is 4/11
     of the areas (129 MiB per GPU of a DP2xTP2 world of 4, default workspace)."""
 
     def __init__(self, layout: Layout, groups: dict[str, Group], device: torch.device,
-                 area_bytes: int, timeout_s: float, chunked: bool = True):
+                 area_bytes: int, timeout_s: float, chunked: bool = True, max_sms: int | None = None):
         if area_bytes <= 0 or area_bytes % 16:
             raise ValueError(f"workspace_bytes: expected a positive multiple of 16, got {area_bytes}")
         self.area_bytes, self.layout, self.chunked = area_bytes, layout, chunked
@@ -147,8 +159,10 @@ class Workspace:
                       offsets[k] + chunked_offset(len(k[0]), area_bytes)) for k in partitions]
         # Peers share memory inside a node only: the rendezvous is over this rank's node.
         node = groups.get(leg_name("world", "node")) if layout.num_nodes > 1 else None
-        peers = dict(zip(node.ranks, self._rendezvous(device, node.pg, sentinels))) if node else \
-            dict(enumerate(self._rendezvous(device, dist.group.WORLD, sentinels)))
+        peer_group = node.pg if node else dist.group.WORLD
+        peers = dict(zip(node.ranks if node else range(layout.world_size),
+                         self._rendezvous(device, peer_group, sentinels)))
+        self.max_blocks = agreed_max_blocks(device, peer_group, max_sms)
         self.error_word = torch.zeros(1, dtype=torch.int64, device=device)
         self.error_mirror = torch.zeros(1, dtype=torch.int64, pin_memory=True)
         try:  # a numpy view reads in ~0.1 µs; without numpy the tensor read costs a few µs
@@ -158,7 +172,6 @@ class Workspace:
         # GroupState words, then LamportState words
         self.states = {key: torch.zeros(STATE_WORDS + LAMPORT_STATE_WORDS, dtype=torch.int32, device=device)
                        for key in partitions}
-        blocks = min(torch.cuda.get_device_properties(device).multi_processor_count, MAX_BLOCKS)
         for name, key in self.keys.items():
             g = groups[name]
             self.args[name] = GroupArgs(
@@ -168,7 +181,7 @@ class Workspace:
                 state=self.states[key].data_ptr(), error_word=self.error_word.data_ptr(),
                 error_mirror=self.error_mirror.data_ptr(), area_bytes=area_bytes,
                 timeout_ns=int(timeout_s * 1e9), group_id=GROUP_NAMES.index(name.split("/")[0]),
-                max_blocks=blocks)
+                max_blocks=self.max_blocks)
             lamport = offsets[key] + ll_bytes(g.size, area_bytes)
             self.lamport_args[name] = LamportArgs(
                 bases=(ctypes.c_void_p * MAX_RANKS)(*[peers[r] + lamport for r in g.ranks]),

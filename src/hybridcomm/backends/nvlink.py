@@ -31,11 +31,12 @@ PDL = True  # default launch option: overlap each kernel's launch with the kerne
 class NvlinkBackend:
     name = "nvlink"
 
-    def __init__(self, comm, workspace_bytes: int | None = None, pdl: bool = PDL):
+    def __init__(self, comm, workspace_bytes: int | None = None, pdl: bool = PDL, max_sms: int | None = None):
         self.layout, self.groups, self.timeout_s = comm.layout, comm.groups, comm.timeout_s
         self.pdl = pdl  # passed with every launch: the one place it is set (tests run both)
         self.workspace = Workspace(comm.layout, comm.groups, comm.device, workspace_bytes or DEFAULT_AREA_BYTES,
-                                   comm.timeout_s, chunked=algorithms.picks_protocol(comm.tables, CHUNKED))
+                                   comm.timeout_s, chunked=algorithms.picks_protocol(comm.tables, CHUNKED),
+                                   max_sms=max_sms)
         self.two_step = TwoStep(comm)  # the composed algorithm: two of comm's own ops
         self.handles: dict[str, int] = {}
         # The pipelined two-shot's chunk size and blocks: None = pipeline.PIPELINE_TABLE by size.

@@ -54,7 +54,7 @@ class StandInWorkspace:
     """What NvlinkBackend reads of a Workspace: GroupArgs / LamportArgs per group of two or
     more ranks, no blocker, and an error word that reads 0."""
 
-    def __init__(self, layout, groups, device, area_bytes, timeout_s, chunked=True):
+    def __init__(self, layout, groups, device, area_bytes, timeout_s, chunked=True, max_sms=None):
         from ..abi import GroupArgs, LamportArgs
         from ..workspace import region_groups
 

@@ -161,11 +161,11 @@ def run_quant_case(comm, qcase: QuantCase, device, exact: str = "all") -> tuple[
 
 
 def check_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str = "auto",
-                      exact: str = "all") -> list[tuple[str, str]]:
+                      exact: str = "all", max_sms: int | None = None) -> list[tuple[str, str]]:
     """Worker entry: run every case on this rank."""
     results = []
     for qcase in qcases:
-        comm = communicator(qcase.case.layout, backend, table)
+        comm = communicator(qcase.case.layout, backend, table, max_sms=max_sms)
         results.append(run_quant_case(comm, qcase, comm.device, exact))
     return results
 
