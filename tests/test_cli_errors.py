@@ -19,6 +19,8 @@ MISTAKES = {
     ("info", "--workspace-bytes", "20"): ["--workspace-bytes", "multiple of 16"],
     ("bench", "ops", "--sizes", "1X"): ["--sizes", "2K or 4M", "'1X'"],
     ("bench", "ops", "--sizes", "2K,,4K"): ["--sizes", "comma-separated"],
+    ("bench", "ops", "--max-sms", "8,0"): ["--max-sms", "positive integer", "'0'"],
+    ("bench", "ops", "--device", "cpu", "--max-sms", "8"): ["--max-sms", "needs --device cuda"],
     ("bench", "layer", "--layout", "dp2xtp2", "--layout", "dp2"): ["same world size", "dp2xtp2 (4 ranks)", "dp2 (2 ranks)"],
     ("bench", "layer", "--steps", "0"): ["--steps", "positive integer", "'0'"],
     ("bench", "layer", "--tokens", "4,x"): ["--tokens", "'x'"],
@@ -101,6 +103,10 @@ def test_layouts_of_any_world_parse_and_round_trip_through_their_name():
         for lay in Layout.all_for_world(world):
             assert Layout.parse(lay.name) == lay
             assert Layout.parse(f"world={world},attn_tp={lay.attn_tp},moe_tp={lay.moe_tp}") == lay
+
+
+def test_max_sms_takes_a_list():
+    assert parser().parse_args(["bench", "ops", "--max-sms", "8,16,32"]).max_sms == [8, 16, 32]
 
 
 def test_sizes_accept_suffixes(capsys):

@@ -186,7 +186,9 @@ def cmd_bench_ops(args) -> int:
     from .bench.ops import bench_ops
 
     device = ca.check_device(args.device or _default_device(), args.world)
-    results = bench_ops(args.world, device, args.sizes)
+    if args.max_sms and device == "cpu":
+        raise ca.UsageError("--max-sms needs --device cuda: it times our kernels (GPUs)")
+    results = bench_ops(args.world, device, args.sizes, max_sms=args.max_sms or ())
     print(report.ops_markdown(results))
     _write(results, args.out, "ops")
     return 0
@@ -197,7 +199,8 @@ def cmd_bench_transitions(args) -> int:
     from .bench.transitions import bench_transitions
 
     ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
-    results = bench_transitions([lay.name for lay in args.layouts], args.world, args.tokens)
+    results = bench_transitions([lay.name for lay in args.layouts], args.world, args.tokens,
+                                max_sms=args.max_sms or ())
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
     return 0
@@ -472,6 +475,9 @@ def parser() -> argparse.ArgumentParser:
     ops.add_argument("--sizes", type=ca.byte_list, default=None,
                      help="message sizes, comma-separated: bytes or with a K/M/G suffix, e.g. 2K,1M "
                           "(default 2K..64M)")
+    ops.add_argument("--max-sms", type=ca.positive_list, default=None,
+                     help="also time the Communicator made with max_sms=N, for each N, e.g. 8,16,32 "
+                          "(columns hc_sms<N>; GPUs)")
     ops.add_argument("--out", default=None, help="JSON path (.md and, on GPUs, .png written beside it)")
     ops.set_defaults(fn=cmd_bench_ops)
 
@@ -482,6 +488,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     tr.add_argument("--tokens", type=ca.count_list, default=None,
                     help="tokens per DP rank, comma-separated (default 1,2,4,...,512)")
+    tr.add_argument("--max-sms", type=ca.positive_list, default=None,
+                    help="also time the Communicator made with max_sms=N, for each N (columns hc_sms<N>)")
     tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
 

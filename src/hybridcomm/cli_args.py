@@ -108,6 +108,7 @@ fraction = _type(_fraction, "fraction")
 workspace_bytes = _type(_workspace_bytes, "bytes")
 byte_list = _type(lambda t: _list(_bytes, t), "byte list")
 count_list = _type(lambda t: _list(_count, t), "count list")
+positive_list = _type(lambda t: _list(_positive, t), "list of positive ints")
 layout = _type(Layout.parse, "layout")
 def _layouts(text: str) -> list[Layout]:
     """'dp2xtp2,dp4,tp4,moe_tp2' (a ',moe_tpN' belongs to the layout before it), or layouts

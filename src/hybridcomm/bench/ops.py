@@ -6,6 +6,7 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_one_shot /  each of our algorithms forced, which is how the table is filled
   hc_two_shot /  (hc_one_shot_lamport: the one-shot on the Lamport protocol, docs/lamport.md)
   hc_two_shot_bulk / hc_one_shot_lamport
+  hc_sms<N>      with --max-sms: the Communicator made with max_sms=N (its table's choice, at most N blocks)
   nccl, nccl_symm, symm_one_shot, symm_two_shot: baselines (bench/baselines.py)
 Message size: the tensor ops.OPS names as the op's message. Forced algorithms run through
 Communicators built with `table=algorithms.forced(...)`; a column is left out where that
@@ -119,11 +120,13 @@ def _calls(op: str, nbytes: int, comm: Communicator, forced_comms: dict[str, For
     return calls
 
 
-def sweep_ops(sizes: list[int], ops: list[str]) -> dict:
+def sweep_ops(sizes: list[int], ops: list[str], max_sms: tuple[int, ...] = ()) -> dict:
     """Worker entry (every rank): one record per (op, size, implementation)."""
     n = dist.get_world_size()
     comm = Communicator(Layout(n))
     forced_comms = forced_communicators(Layout(n), ops)
+    # The table's choice with fewer blocks: where our kernel runs it (the column is left out where NCCL does).
+    forced_comms.update({f"hc_sms{k}": Forced(Communicator(Layout(n), max_sms=k), set(ops)) for k in max_sms})
     device = comm.device
     biggest = max(sizes)
     symm = NcclSymmetricBuffers([biggest, biggest], device)
@@ -177,13 +180,13 @@ def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
 
 
 def bench_ops(world_size: int, device: str, sizes: list[int] | None = None, ops: list[str] | None = None,
-              timeout_s: float = 900.0) -> dict:
-    """Run the sweep on `world_size` spawned ranks; returns the JSON-serialisable results."""
+              timeout_s: float = 900.0, max_sms: tuple[int, ...] = ()) -> dict:
+    """Run the sweep on `world_size` spawned ranks; returns the JSON-serialisable results.
+    max_sms (GPUs): also the Communicator made with each of these max_sms (columns hc_sms<N>)."""
     from ..spmd import SpmdPool
 
     sizes, ops = sizes or DEFAULT_SIZES, ops or list(OPS)
-    if device == "cpu":
-        sizes = [s for s in sizes if s <= 1 * MiB]
     with SpmdPool(world_size, device) as pool:
-        fn = sweep_ops if device == "cuda" else sweep_ops_cpu
-        return pool.run(fn, sizes, ops, timeout=timeout_s)[0]
+        if device == "cpu":
+            return pool.run(sweep_ops_cpu, [s for s in sizes if s <= 1 * MiB], ops, timeout=timeout_s)[0]
+        return pool.run(sweep_ops, sizes, ops, tuple(max_sms), timeout=timeout_s)[0]

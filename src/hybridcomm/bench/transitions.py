@@ -10,6 +10,7 @@ Columns (µs per call, graph replay, median, max over ranks):
                choosing its kernel by the table (two_step.py), forced like the others (results
                before it existed call this column hc_unfused; tune reads both)
   hybridcomm   the Communicator's choice
+  hc_sms<N>    with --max-sms: the Communicator made with max_sms=N (its choice, at most N blocks)
   nccl_norm / hc_norm  gather with residual add + RMSNorm: AR(attn-TP) + norm + AG(DP)
                in NCCL and torch, against our fused kernel
   nccl_ar, nccl_symm_ar, symm_one_shot_ar   pure attention TP (attn_dp = 1) only: both
@@ -34,7 +35,7 @@ from ..norm import ResidualNorm
 from ..two_step import TwoStep
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
-from .ops import add_forced_calls, forced_communicators
+from .ops import Forced, add_forced_calls, forced_communicators
 
 HIDDEN = 4096
 DTYPE = torch.bfloat16
@@ -125,8 +126,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
     return calls
 
 
-def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None) -> dict:
-    """Worker entry (every rank)."""
+def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, max_sms: tuple[int, ...] = ()) -> dict:
+    """Worker entry (every rank). max_sms: also the Communicator made with each (columns hc_sms<N>)."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
     symm = NcclSymmetricBuffers([BUFFER_BYTES] * 3, device)
@@ -136,6 +137,8 @@ def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None) 
         layout = Layout.parse(name)
         comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
         forced_comms = forced_communicators(layout, list(OPS), workspace_bytes=32 << 20)
+        forced_comms.update({f"hc_sms{k}": Forced(Communicator(layout, workspace_bytes=32 << 20, max_sms=k), set(OPS))
+                             for k in max_sms})
         for label, counts in token_cases(layout, tokens or TOKENS):
             for op in OPS:
                 calls = _calls(op, counts, comm, forced_comms, symm, plain, sm)
@@ -154,8 +157,8 @@ def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None) 
 
 
 def bench_transitions(layouts: list[str], world_size: int = 4, tokens: list[int] | None = None,
-                      timeout_s: float = 900.0) -> dict:
+                      timeout_s: float = 900.0, max_sms: tuple[int, ...] = ()) -> dict:
     from ..spmd import SpmdPool
 
     with SpmdPool(world_size, "cuda") as pool:
-        return pool.run(sweep_transitions, layouts, tokens, timeout=timeout_s)[0]
+        return pool.run(sweep_transitions, layouts, tokens, tuple(max_sms), timeout=timeout_s)[0]
