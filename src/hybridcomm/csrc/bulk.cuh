@@ -37,10 +37,11 @@ __device__ __forceinline__ void wait_flag(const CallCtx& cx, const uint32_t* f, 
   }
 }
 
-// This block's stores of `phase` are done: release them to every peer.
+// This block's stores of `phase` are done: release them to every peer, unless a thread of the
+// block aborted (what it stored may come from a wait that gave up: CallCtx).
 __device__ __forceinline__ void signal_block(const CallCtx& cx, int phase) {
   const GroupArgs& g = cx.g;
-  __syncthreads();  // the block's stores happen before the fence below
+  if (cx.block_aborted()) return;  // (a barrier: the block's stores happen before the fence below)
   if (threadIdx.x < g.nranks && threadIdx.x != g.me)
     release_flag(block_flag(g.regions[threadIdx.x], phase, g.me, blockIdx.x), cx.flag);
 }

@@ -114,6 +114,12 @@ struct CallCtx {
   int slot;           // which of the two rotating slots this call uses
   uint64_t deadline;  // global timer value at which waits give up
   int op;             // Op code, for error reports
+  // This thread sends nothing more (put_lane, put_unit, the release flags, the arrival): a
+  // timeout came before this call (a rank's calls after a PeerTimeout, such as the graph replays
+  // after one: begin_call), or a wait of this thread gave up on time. What a rank computed from
+  // data that never came must not reach a peer as data: the peer waits instead, times out and
+  // raises too.
+  mutable bool aborted;
 
   __device__ __forceinline__ Members everyone() const { return Members{0, g.nranks, g.me}; }
 
@@ -150,12 +156,16 @@ struct CallCtx {
   // True when a wait for `member` should stop: the group already aborted, member's call
   // differs from mine, or time ran out (recorded against member, the peer being waited for).
   __device__ __forceinline__ bool give_up(int member) const {
-    if (*(volatile uint32_t*)&g.state[kAborted]) return true;
-    if (disagrees(member)) return true;
+    if (*(volatile uint32_t*)&g.state[kAborted]) return aborted = true;
+    if (disagrees(member)) return true;  // (both sides record it and stay in step: sends go on)
     if (global_timer_ns() < deadline) return false;
     fail(kTimeout, member);
-    return true;
+    return aborted = true;
   }
+
+  // Block-wide: whether any thread of the block has aborted, made every thread's own. Called by
+  // the whole block before it sends what its threads computed together (a norm, a row's scale).
+  __device__ __forceinline__ bool block_aborted() const { return aborted = __syncthreads_or(aborted) != 0; }
 };
 
 // Waits for one item from every source s < n with wants(s), polling them all at once (a
@@ -201,7 +211,11 @@ __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
   allow_next_kernel();
   HC_TRACE_READY();
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
-  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op};  // read in this order
+  // A timeout before this call, in this group or in any group of the communicator (a composed
+  // op's second kernel works on what its first left): send nothing (CallCtx::aborted).
+  const bool aborted = *(volatile uint32_t*)&g.state[kAborted] != 0 ||
+                       (*(volatile unsigned long long*)g.error_word & kErrorFieldMask) == kTimeout;
+  return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op, aborted};  // read in this order
 }
 
 // Block 0 tells every peer "I have started call `flag`" (hence finished reading call flag - 1)
@@ -213,7 +227,7 @@ __device__ __forceinline__ void arrive(const CallCtx& cx, uint64_t fingerprint) 
   // Every thread stores the same values, before its own first wait: no barrier needed.
   agreement() = Agreement{fingerprint, arrival_packet(g.regions[g.me], cx.slot, 0),
                           pack_error(kArgumentMismatch, cx.op, g.group_id, 0), g.error_word, g.error_mirror};
-  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me) {
+  if (blockIdx.x == 0 && threadIdx.x < g.nranks && threadIdx.x != g.me && !cx.aborted) {
     Packet::put(arrival_packet(g.regions[threadIdx.x], cx.slot, g.me),
                 make_uint2((uint32_t)fingerprint, (uint32_t)(fingerprint >> 32)), cx.flag);
   }

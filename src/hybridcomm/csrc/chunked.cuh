@@ -41,10 +41,11 @@ __device__ __forceinline__ uint4* chunked_area(const CallCtx& cx, char* region, 
   return (uint4*)(chunked_section(cx, region) + kChunkFlagBytes + index * cx.g.area_bytes);
 }
 
-// This block's stores of `chunk` of `phase` to every peer are done: release them.
+// This block's stores of `chunk` of `phase` to every peer are done: release them, unless a
+// thread of the block aborted (signal_block).
 __device__ __forceinline__ void release_chunk(const CallCtx& cx, int phase, int64_t chunk) {
   const GroupArgs& g = cx.g;
-  __syncthreads();  // the block's stores happen before the fence in release_flag
+  if (cx.block_aborted()) return;  // (a barrier: the block's stores happen before the fence in release_flag)
   if (threadIdx.x < g.nranks && threadIdx.x != g.me)
     release_flag(chunk_flag(cx, g.regions[threadIdx.x], phase, g.me, chunk), cx.flag);
 }

@@ -7,9 +7,9 @@
 
 namespace hc {
 
-// Lane i of my payload to member `peer`'s area `phase`.
+// Lane i of my payload to member `peer`'s area `phase` (nothing once aborted: CallCtx).
 __device__ __forceinline__ void put_lane(const CallCtx& cx, int peer, int phase, int64_t i, uint2 v) {
-  Packet::put(cx.outbox(peer, phase) + i, v, cx.flag);
+  if (!cx.aborted) Packet::put(cx.outbox(peer, phase) + i, v, cx.flag);
 }
 
 // Lane i, the same value, to every other member of `to`.

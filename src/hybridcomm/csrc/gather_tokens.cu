@@ -147,6 +147,7 @@ __device__ __forceinline__ void gather_fused(const CallCtx& cx, TokenShape& s, i
       for (int k = 0; k < Lane<T>::kN; ++k) sumsq += acc[k] * acc[k];
     }
     const float scale = 1.0f / sqrtf(block_sum(sumsq, warp_sums) * inv_hidden + eps);
+    cx.block_aborted();  // the scale sums every thread's lanes: none is sent if one of them never came
     const bool my_chunk = chunk_owner(r, rows, tp) == s.t;
     for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
       const int64_t i = r * row_lanes + l;

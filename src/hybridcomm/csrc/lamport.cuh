@@ -47,7 +47,9 @@ namespace hc {
 
 // -- units --------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void put_unit(uint4* dst, uint4 v) {
+// A unit to a peer's area (nothing once aborted: CallCtx).
+__device__ __forceinline__ void put_unit(const CallCtx& cx, uint4* dst, uint4 v) {
+  if (cx.aborted) return;
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z),
                "r"(v.w)
                : "memory");

@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t my_units = rc.count(me) * row_units, my_out = rc.offset[me] * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
     const uint4 v = fix_reserved<T>(input.at(i));  // load_unit's value (zero stays zero)
-    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
+    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.cx, lc.outbox(peer) + i, v); });
     if (!kOwn && my_out + i < out_units) out[my_out + i] = v;  // own-count mode: my offset comes later
   }
   refill_previous_slot(lc);

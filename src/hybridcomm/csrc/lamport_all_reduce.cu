@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads)
   const int n = g.nranks, me = g.me;
   for (int64_t u = u0; u < units; u += grid_threads()) {
     const uint4 v = u == u0 ? first : fix_reserved<T>(in[u]);
-    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + u, v); });
+    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.cx, lc.outbox(peer) + u, v); });
   }
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);

@@ -84,7 +84,8 @@ __device__ __forceinline__ TokenShape quant_token_shape(const LamportCall& lc, i
 // Half of a 16-byte unit (8 bytes, an aligned pair of words). The receiver polls the whole unit
 // until none of its words is the sentinel, so the two halves may land from two stores: the
 // scale lanes travel so, each formed in the warp that holds its data lanes (quant_rows.cuh).
-__device__ __forceinline__ void put_half_unit(uint4* unit, int half, uint2 v) {
+__device__ __forceinline__ void put_half_unit(const CallCtx& cx, uint4* unit, int half, uint2 v) {
+  if (cx.aborted) return;  // (as put_unit)
   asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(reinterpret_cast<uint2*>(unit) + half), "r"(v.x),
                "r"(v.y)
                : "memory");
@@ -99,6 +100,7 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
                                                   float global_scale, const WireUnits& w, float* warp_buf) {
   const int64_t o = s.rc.offset[s.d] + r;
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
+  lc.cx.block_aborted();  // as push_quantized_row (quant_gather.cu)
   quantize_and_emit<F, 2>(
       x, w.out.data_lanes, 2 * (w.wire_units - w.data_units), global_scale, warp_buf,
       [&](int64_t u, const uint2(&v)[2]) {
@@ -106,14 +108,14 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
         w.store(o, u, unit);
         if (!owned) return;
         const uint4 wire = wire_swap<F>(unit, true);
-        for_each_receiver(lc.cx, s, replicated, [&](int peer) { put_unit(lc.outbox(peer) + base + u, wire); });
+        for_each_receiver(lc.cx, s, replicated, [&](int peer) { put_unit(lc.cx, lc.outbox(peer) + base + u, wire); });
       },
       [&](int64_t sl, uint2 v) {
         if (o < w.out.out_rows) w.out.store_scales(o, sl * 8, v);
         if (!owned) return;
         const int64_t u = w.data_units + sl / 2;
         for_each_receiver(lc.cx, s, replicated,
-                          [&](int peer) { put_half_unit(lc.outbox(peer) + base + u, (int)(sl % 2), v); });
+                          [&](int peer) { put_half_unit(lc.cx, lc.outbox(peer) + base + u, (int)(sl % 2), v); });
       });
 }
 

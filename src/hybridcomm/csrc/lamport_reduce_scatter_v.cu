@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = grid_thread(); i < rc.max * row_units; i += grid_threads()) {
     lc.cx.everyone().for_each_other([&](int peer) {  // member peer's rows go to peer
       if (i < rc.count(peer) * row_units)
-        put_unit(lc.outbox(peer) + i, fix_reserved<T>(input.at(peer, i)));  // load_unit's (zero stays zero)
+        put_unit(lc.cx, lc.outbox(peer) + i, fix_reserved<T>(input.at(peer, i)));  // load_unit's (zero stays zero)
     });
   }
   refill_previous_slot(lc);

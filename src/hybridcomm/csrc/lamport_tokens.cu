@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t my_units = rc.count(d) * row_units;
   for (int64_t i = grid_thread(); i < my_units; i += grid_threads()) {
     const uint4 v = fix_reserved<T>(input.at(i));  // load_unit's (zero stays zero)
-    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.outbox(peer) + i, v); });
+    lc.cx.everyone().for_each_other([&](int peer) { put_unit(lc.cx, lc.outbox(peer) + i, v); });
   }
   refill_previous_slot(lc);
   if constexpr (kOwn) learn_counts(lc.cx, io, tp, rc);  // every group's count, for the receive side
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
     lc.cx.everyone().for_each_other([&](int peer) {  // group pd's rows go to each of its ranks
       const int pd = peer / tp;
       if (i < rc.count(pd) * row_units)
-        put_unit(lc.outbox(peer) + i, fix_reserved<T>(input.at(pd, i)));  // load_unit's (zero stays zero)
+        put_unit(lc.cx, lc.outbox(peer) + i, fix_reserved<T>(input.at(pd, i)));  // load_unit's (zero stays zero)
     });
   }
   refill_previous_slot(lc);

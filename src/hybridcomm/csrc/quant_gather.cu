@@ -44,6 +44,7 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
                                                    bool owned, const RowValues<F, KL>& x, float global_scale,
                                                    const WireRows& w, float* warp_buf) {
   const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;
+  cx.block_aborted();  // a row's scale comes from many threads' values: none is sent if one never came
   const auto emit = [&](int64_t l, uint2 v) {
     w.store(o, l, v);
     if (owned) for_each_receiver(cx, s, replicated, [&](int peer) { put_lane(cx, peer, 1, base + l, v); });
