@@ -29,15 +29,15 @@ CASES = [("two_shot", "all_reduce"), ("two_shot", "gather_tokens"), ("two_shot",
 
 
 def _call(op: str, rank: int, device):
-    """The op as a function of a communicator, on inputs seeded by the rank."""
-    g = torch.Generator(device="cpu").manual_seed(100 + rank)
-
-    def randn(*shape):
+    """The op as a function of a communicator, on inputs seeded by the rank (partial rows) or
+    by its DP group (the residual, which the attention-TP ranks of a group share)."""
+    def randn(seed, *shape):
+        g = torch.Generator(device="cpu").manual_seed(seed)
         return torch.randn(*shape, generator=g).to(device, torch.bfloat16)
 
     sizes = [ROWS] * LAYOUT.attn_dp
-    x, y = randn(ROWS, HIDDEN), randn(ROWS * LAYOUT.attn_dp, HIDDEN)
-    residual, weight = randn(ROWS, HIDDEN), randn(HIDDEN)
+    x, y = randn(100 + rank, ROWS, HIDDEN), randn(200 + rank, ROWS * LAYOUT.attn_dp, HIDDEN)
+    residual, weight = randn(300 + rank // LAYOUT.attn_tp, ROWS, HIDDEN), randn(400, HIDDEN)
     return {
         "all_reduce": lambda c: (c.all_reduce(x),),
         "gather_tokens": lambda c: (c.gather_tokens(x, sizes),),
