@@ -133,3 +133,28 @@ def test_max_sms_must_be_a_positive_int(pool):
     for messages in pool(2).run(_bad_max_sms):
         assert len(messages) == 5
         assert all(m.startswith("max_sms: expected a positive int or None, got") for m in messages)
+
+
+def _agreed_blocks(sms_per_rank, requested):
+    """workspace.agreed_max_blocks on gloo ranks whose 'GPUs' have sms_per_rank[rank] SMs."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from hybridcomm import workspace
+
+    sms = sms_per_rank[dist.get_rank()]
+    gpu = SimpleNamespace(multi_processor_count=sms)
+    with mock.patch.object(torch.cuda, "get_device_properties", lambda device: gpu):
+        return workspace.agreed_max_blocks(torch.device("cuda", 0), dist.group.WORLD, requested[dist.get_rank()])
+
+
+def test_the_ranks_agree_on_the_smallest_grid(pool):
+    from hybridcomm.abi import MAX_BLOCKS
+
+    run = pool(2).run
+    assert run(_agreed_blocks, [132, 78], [None, None]) == [78, 78]  # GPUs of two sizes: the smaller
+    assert run(_agreed_blocks, [132, 132], [8, 16]) == [8, 8]  # max_sms differs: the smallest
+    assert run(_agreed_blocks, [132, 132], [1000, None]) == [132, 132]  # never more than the SMs
+    assert run(_agreed_blocks, [400, 400], [None, None]) == [MAX_BLOCKS, MAX_BLOCKS]
