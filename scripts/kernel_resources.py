@@ -7,7 +7,8 @@ and prints, per kernel: registers, spill stores / loads (bytes a thread), stack 
 
     python3 scripts/kernel_resources.py [--arch 90a] [--spilling] [file.cu ...]
 
-(default: every csrc/*.cu; --spilling: only kernels that spill). Names are demangled where
+(default: every csrc/*.cu; a path is compiled where it is, with the headers beside it, so a
+worktree of another revision compares; --spilling: only kernels that spill). Names are demangled where
 c++filt is installed. docs/quantization.md uses it ("How close to the wire").
 """
 
@@ -66,7 +67,7 @@ def main() -> int:
     parser.add_argument("--spilling", action="store_true", help="only kernels that spill")
     parser.add_argument("files", nargs="*", help="csrc sources (default: every .cu)")
     args = parser.parse_args()
-    files = [build.CSRC / Path(f).name for f in args.files] or list(build.sources())
+    files = [Path(f) if Path(f).exists() else build.CSRC / Path(f).name for f in args.files] or list(build.sources())
     with tempfile.TemporaryDirectory(prefix="hc_ptxas_") as tmp:
         for source in files:
             kernels = parse_ptxas(ptxas_report(source, args.arch, Path(tmp)))
