@@ -67,6 +67,12 @@ def forced_communicators(layout: Layout, ops: list[str], **kwargs) -> dict[str, 
             for name, with_it in by_name.items()}
 
 
+def budget_communicators(layout: Layout, ops: list[str], max_sms: tuple[int, ...], **kwargs) -> dict[str, Forced]:
+    """"hc_sms<N>" -> Forced, for each N: the Communicator made with max_sms=N, running its table's
+    choice (add_forced_calls leaves the column out where that is NCCL)."""
+    return {f"hc_sms{k}": Forced(Communicator(layout, max_sms=k, **kwargs), set(ops)) for k in max_sms}
+
+
 def add_forced_calls(calls: dict, op: str, forced_comms: dict[str, Forced], call_with) -> None:
     """calls[label] = call_with(comm) for every forced Communicator of `op` whose kernel can
     run it (run once to find out: `last_choice` says which backend ran)."""
@@ -124,9 +130,7 @@ def sweep_ops(sizes: list[int], ops: list[str], max_sms: tuple[int, ...] = ()) -
     """Worker entry (every rank): one record per (op, size, implementation)."""
     n = dist.get_world_size()
     comm = Communicator(Layout(n))
-    forced_comms = forced_communicators(Layout(n), ops)
-    # The table's choice with fewer blocks: where our kernel runs it (the column is left out where NCCL does).
-    forced_comms.update({f"hc_sms{k}": Forced(Communicator(Layout(n), max_sms=k), set(ops)) for k in max_sms})
+    forced_comms = {**forced_communicators(Layout(n), ops), **budget_communicators(Layout(n), ops, max_sms)}
     device = comm.device
     biggest = max(sizes)
     symm = NcclSymmetricBuffers([biggest, biggest], device)

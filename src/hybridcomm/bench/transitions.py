@@ -35,7 +35,7 @@ from ..norm import ResidualNorm
 from ..two_step import TwoStep
 from . import timing
 from .baselines import NcclSymmetricBuffers, SymmMemBuffer
-from .ops import Forced, add_forced_calls, forced_communicators
+from .ops import add_forced_calls, budget_communicators, forced_communicators
 
 HIDDEN = 4096
 DTYPE = torch.bfloat16
@@ -136,9 +136,8 @@ def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, 
     for name in layout_names:
         layout = Layout.parse(name)
         comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
-        forced_comms = forced_communicators(layout, list(OPS), workspace_bytes=32 << 20)
-        forced_comms.update({f"hc_sms{k}": Forced(Communicator(layout, workspace_bytes=32 << 20, max_sms=k), set(OPS))
-                             for k in max_sms})
+        forced_comms = {**forced_communicators(layout, list(OPS), workspace_bytes=32 << 20),
+                        **budget_communicators(layout, list(OPS), max_sms, workspace_bytes=32 << 20)}
         for label, counts in token_cases(layout, tokens or TOKENS):
             for op in OPS:
                 calls = _calls(op, counts, comm, forced_comms, symm, plain, sm)
