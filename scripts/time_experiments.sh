@@ -18,15 +18,8 @@ patches=("$@")
 [ ${#patches[@]} -gt 0 ] || patches=(experiments/*.patch)
 WORLD=${WORLD:-2}; LAYOUTS=${LAYOUTS:-dp2,tp2}; TOKENS=${TOKENS:-1,16,128,256,512}
 TESTS=${TESTS:-tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_row_grids.py}
-status=0
+source "$(dirname "$0")/steps.sh"  # step, status
 
-step() {  # step NAME CMD...: log to $DIR/NAME.log, remember a failure, keep going
-  local name=$1; shift
-  local t0=$SECONDS rc=0
-  "$@" > "$DIR/$name.log" 2>&1 || rc=$?
-  [ $rc -eq 0 ] || status=1
-  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
-}
 bench() {
   step "bench_$1" python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --quant fp8,nvfp4 \
     --hidden 4096,7168 --tokens "$TOKENS" --out "$DIR/$1.json"

@@ -30,3 +30,47 @@ def test_the_command_line_shares_gpus_only_on_cuda():
     if not torch.cuda.is_available():
         with pytest.raises(cli_args.UsageError, match="no CUDA GPU"):
             cli_args.check_device("cuda", 2, share_gpus=True)
+
+
+# -- bench --share-gpus (bench/shared.py): our kernels only, the note in every table ---------------
+
+def test_a_shared_bench_makes_no_baseline_buffers():
+    from hybridcomm.bench.baselines import baseline_buffers
+
+    # No process group exists here: making real buffers would raise, the absent ones must not try.
+    symm, sm = baseline_buffers([1 << 20], 1 << 20, torch.device("cpu"), share_gpus=True)
+    assert symm.buffers is None and sm.buffer is None
+    assert "share a GPU" in symm.error and "share a GPU" in sm.error
+
+
+def test_a_shared_bench_times_only_our_forced_algorithms():
+    from hybridcomm.bench.shared import ours_only
+
+    calls = dict.fromkeys(["nccl", "nccl_symm", "hybridcomm", "hc_one_shot", "hc_two_shot", "hc_norm"])
+    assert sorted(ours_only(calls, {"hc_one_shot": 0, "hc_two_shot": 0, "hc_bulk": 0})) == ["hc_one_shot",
+                                                                                         "hc_two_shot"]
+
+
+@pytest.mark.parametrize("kind", ["ops", "transitions", "quant"])
+def test_a_shared_runs_tables_say_so(kind):
+    from hybridcomm.bench import report
+    from hybridcomm.bench.quant import quant_markdown
+
+    record = {"ops": {"op": "all_reduce", "bytes": 2048},
+              "transitions": {"layout": "dp2", "op": "gather_tokens", "case": "balanced", "tokens_per_dp": [1, 1]},
+              "quant": {"layout": "dp2", "format": "fp8", "hidden": 4096, "case": "balanced",
+                        "tokens_per_dp": [1, 1]}}[kind]
+    results = {"environment": {"gpu": "test"}, "world_size": 2, "dtype": "torch.bfloat16", "hidden": 4096,
+               "records": [{**record, "impl": "hc_one_shot", "us": 5.0}],
+               "shared_gpu": {"note": "ranks shared one GPU", "max_sms": 66, "mps": True}}
+    markdown = {"ops": report.ops_markdown, "transitions": report.transitions_markdown, "quant": quant_markdown}[kind]
+    text = markdown(results)
+    assert "shared_gpu: " in text and "ranks shared one GPU" in text
+    assert "shared_gpu" not in markdown({k: v for k, v in results.items() if k != "shared_gpu"})
+
+
+def test_the_benches_share_gpus_only_on_cuda(capsys):
+    from hybridcomm import cli
+
+    assert cli.main(["bench", "ops", "--device", "cpu", "--world", "2", "--share-gpus"]) == 2
+    assert "--share-gpus needs --device cuda" in capsys.readouterr().err

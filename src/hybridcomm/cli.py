@@ -185,10 +185,10 @@ def cmd_bench_ops(args) -> int:
     from .bench import report
     from .bench.ops import bench_ops
 
-    device = ca.check_device(args.device or _default_device(), args.world)
+    device = ca.check_device(args.device or _default_device(), args.world, args.share_gpus)
     if args.max_sms and device == "cpu":
         raise ca.UsageError("--max-sms needs --device cuda: it times our kernels (GPUs)")
-    results = bench_ops(args.world, device, args.sizes, max_sms=args.max_sms or ())
+    results = bench_ops(args.world, device, args.sizes, max_sms=args.max_sms or (), share_gpus=args.share_gpus)
     print(report.ops_markdown(results))
     _write(results, args.out, "ops")
     return 0
@@ -198,9 +198,10 @@ def cmd_bench_transitions(args) -> int:
     from .bench import report
     from .bench.transitions import bench_transitions
 
-    ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
+    ca.check_gpu_run("bench transitions times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts,
+                     args.share_gpus)
     results = bench_transitions([lay.name for lay in args.layouts], args.world, args.tokens,
-                                max_sms=args.max_sms or ())
+                                max_sms=args.max_sms or (), share_gpus=args.share_gpus)
     print(report.transitions_markdown(results))
     _write(results, args.out, "transitions")
     return 0
@@ -231,9 +232,11 @@ def cmd_bench_nodes(args) -> int:
 def cmd_bench_quant(args) -> int:
     from .bench.quant import bench_quant, quant_markdown
 
-    ca.check_gpu_run("bench quant times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts)
+    ca.check_gpu_run("bench quant times our CUDA kernels against NCCL: it needs GPUs", args.world, args.layouts,
+                     args.share_gpus)
     results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world,
-                          progress=lambda so_far: _write(so_far, args.out, "quant"))  # each piece as it ends
+                          progress=lambda so_far: _write(so_far, args.out, "quant"),  # each piece as it ends
+                          share_gpus=args.share_gpus)
     print(quant_markdown(results))
     return 0
 
@@ -405,6 +408,8 @@ def parser() -> argparse.ArgumentParser:
     layout_help = ("layout: shorthand dp4, dp2xtp2, tp4 (+ ',moe_tp2'), or any world as "
                    "world=6,attn_tp=3,moe_tp=2")
     device_help = "cpu (gloo processes, reference backend) or cuda (one GPU per rank); default: cuda with 2+ GPUs"
+    share_help = ("ranks share GPUs (run it under CUDA MPS): our forced algorithms only, to compare two builds of "
+                  "the kernels on one GPU; not a speed claim (bench/shared.py)")
 
     info = sub.add_parser("info", help="versions, GPUs, peer access, a layout's ranks, workspace memory")
     info.add_argument("--layout", type=ca.layout, default="dp2xtp2", help=layout_help + " (default dp2xtp2)")
@@ -478,6 +483,7 @@ def parser() -> argparse.ArgumentParser:
     ops.add_argument("--max-sms", type=ca.positive_list, default=None,
                      help="also time the Communicator made with max_sms=N, for each N, e.g. 8,16,32 "
                           "(columns hc_sms<N>; GPUs)")
+    ops.add_argument("--share-gpus", action="store_true", help=share_help)
     ops.add_argument("--out", default=None, help="JSON path (.md and, on GPUs, .png written beside it)")
     ops.set_defaults(fn=cmd_bench_ops)
 
@@ -490,6 +496,7 @@ def parser() -> argparse.ArgumentParser:
                     help="tokens per DP rank, comma-separated (default 1,2,4,...,512)")
     tr.add_argument("--max-sms", type=ca.positive_list, default=None,
                     help="also time the Communicator made with max_sms=N, for each N (columns hc_sms<N>)")
+    tr.add_argument("--share-gpus", action="store_true", help=share_help)
     tr.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     tr.set_defaults(fn=cmd_bench_transitions)
 
@@ -510,6 +517,7 @@ def parser() -> argparse.ArgumentParser:
     qb.add_argument("--hidden", type=ca.count_list, default="4096,7168", help="hidden sizes (default 4096,7168)")
     qb.add_argument("--tokens", type=ca.count_list, default="1,2,4,8,16,32,64,128,256,512,1024",
                     help="tokens per DP rank, comma-separated (default 1..1024)")
+    qb.add_argument("--share-gpus", action="store_true", help=share_help)
     qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     qb.set_defaults(fn=cmd_bench_quant)
 

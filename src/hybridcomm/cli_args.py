@@ -157,14 +157,14 @@ def check_device(device: str, world: int, share_gpus: bool = False) -> str:
     return device
 
 
-def check_gpu_run(need: str, world: int, layouts: list[Layout] | None = None) -> None:
-    """UsageError unless `world` GPU ranks can run here and `layouts` (if given) have `world`
-    ranks; `need` is the sentence said when there is no GPU."""
+def check_gpu_run(need: str, world: int, layouts: list[Layout] | None = None, share_gpus: bool = False) -> None:
+    """UsageError unless `world` GPU ranks can run here (share_gpus: several a GPU) and `layouts`
+    (if given) have `world` ranks; `need` is the sentence said when there is no GPU."""
     if not torch.cuda.is_available():
         raise UsageError(need)
     if layouts is not None and same_world(layouts) != world:
         raise UsageError(f"--layouts have {layouts[0].world_size} ranks, --world is {world}")
-    check_device("cuda", world)
+    check_device("cuda", world, share_gpus)
 
 
 def check_backend(backend: str, device: str, flag: str = "--backend") -> None:

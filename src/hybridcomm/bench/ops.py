@@ -13,6 +13,8 @@ Communicators built with `table=algorithms.forced(...)`; a column is left out wh
 kernel cannot run the size.
 The row collectives move one row of size/world bytes per rank.
 On CPU only the reference backend runs (eager wall clock; for development, not speed).
+With --share-gpus (ranks sharing a GPU, under MPS) only the hc_<algorithm> columns run: a way to
+compare two builds of our kernels on one GPU, not a speed claim (bench/shared.py).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from ..communicator import Communicator
 from ..layout import Layout
 from ..ops import OPS as REGISTRY
 from ..workspace import DEFAULT_AREA_BYTES, describe_plan
-from . import timing
-from .baselines import NcclSymmetricBuffers, SymmMemBuffer
+from . import shared, timing
+from .baselines import NcclSymmetricBuffers, SymmMemBuffer, baseline_buffers
 from .eager import eager_costs
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -126,19 +128,21 @@ def _calls(op: str, nbytes: int, comm: Communicator, forced_comms: dict[str, For
     return calls
 
 
-def sweep_ops(sizes: list[int], ops: list[str], max_sms: tuple[int, ...] = ()) -> dict:
-    """Worker entry (every rank): one record per (op, size, implementation)."""
+def sweep_ops(sizes: list[int], ops: list[str], max_sms: tuple[int, ...] = (), share_gpus: bool = False) -> dict:
+    """Worker entry (every rank): one record per (op, size, implementation).
+    share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only, no eager costs."""
     n = dist.get_world_size()
-    comm = Communicator(Layout(n))
-    forced_comms = {**forced_communicators(Layout(n), ops), **budget_communicators(Layout(n), ops, max_sms)}
+    own = {"max_sms": shared.sm_share(n)} if share_gpus else {}
+    comm = Communicator(Layout(n), **own)
+    forced_comms = {**forced_communicators(Layout(n), ops, **own), **budget_communicators(Layout(n), ops, max_sms)}
     device = comm.device
     biggest = max(sizes)
-    symm = NcclSymmetricBuffers([biggest, biggest], device)
-    sm = SymmMemBuffer(biggest, device)
+    symm, sm = baseline_buffers([biggest, biggest], biggest, device, share_gpus)
     records, overhead = [], {}
     for op in ops:
         for nbytes in sizes:
             calls = _calls(op, nbytes, comm, forced_comms, symm, sm)
+            calls = shared.ours_only(calls, forced_comms) if share_gpus else calls
             names = sorted(calls)
             us = [timing.graph_us(calls[name], timing.calls_per_graph(nbytes)) for name in names]
             us = timing.max_over_ranks(us)
@@ -146,19 +150,22 @@ def sweep_ops(sizes: list[int], ops: list[str], max_sms: tuple[int, ...] = ()) -
                 records.append({"op": op, "bytes": nbytes, "impl": name, "us": t,
                                 "busbw_GBps": busbw_gbps(op, nbytes, t, n)})
             if dist.get_rank() == 0:
-                best = min(t for name, t in zip(names, us) if name in BASELINES)
-                ours = us[names.index("hybridcomm")]
-                print(f"[ops] {op:<16} {nbytes:>10} B  hybridcomm {ours:8.2f} us  best baseline {best:8.2f} us",
-                      file=sys.stderr, flush=True)
-    # Eager cost of one small call through the Communicator (Python + checks + launch).
-    x = torch.randn(1024, dtype=DTYPE, device=device)
-    overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
-    overhead.update(eager_costs(comm))  # every op, eager, against its torch.distributed call (2 KB rows)
-    overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
-    return {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
-            "workspace": describe_plan(comm.layout, DEFAULT_AREA_BYTES),  # what `hybridcomm info` prints
-            "nccl_symm_note": symm.error, "symm_mem_note": sm.error,
-            "records": records, "eager_overhead_us": overhead}
+                row = "  ".join(f"{name} {t:.2f}" for name, t in zip(names, us))
+                print(f"[ops] {op:<16} {nbytes:>10} B  {row}", file=sys.stderr, flush=True)
+    if not share_gpus:
+        # Eager cost of one small call through the Communicator (Python + checks + launch).
+        x = torch.randn(1024, dtype=DTYPE, device=device)
+        overhead["graph_hybridcomm_all_reduce_2KB"] = timing.graph_us(lambda: comm.all_reduce(x), 100)
+        overhead.update(eager_costs(comm))  # every op, eager, against its torch.distributed call (2 KB rows)
+        overhead = dict(zip(overhead, timing.max_over_ranks(list(overhead.values()))))
+    results = {"environment": timing.environment(), "world_size": n, "dtype": str(DTYPE),
+               "workspace": describe_plan(comm.layout, DEFAULT_AREA_BYTES),  # what `hybridcomm info` prints
+               "nccl_symm_note": symm.error, "symm_mem_note": sm.error, "records": records}
+    if overhead:
+        results["eager_overhead_us"] = overhead
+    if share_gpus:
+        results["shared_gpu"] = shared.description(n)
+    return results
 
 
 def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
@@ -184,13 +191,14 @@ def sweep_ops_cpu(sizes: list[int], ops: list[str]) -> dict:
 
 
 def bench_ops(world_size: int, device: str, sizes: list[int] | None = None, ops: list[str] | None = None,
-              timeout_s: float = 900.0, max_sms: tuple[int, ...] = ()) -> dict:
+              timeout_s: float = 900.0, max_sms: tuple[int, ...] = (), share_gpus: bool = False) -> dict:
     """Run the sweep on `world_size` spawned ranks; returns the JSON-serialisable results.
-    max_sms (GPUs): also the Communicator made with each of these max_sms (columns hc_sms<N>)."""
+    max_sms (GPUs): also the Communicator made with each of these max_sms (columns hc_sms<N>).
+    share_gpus (GPUs): ranks share GPUs, our kernels only (bench/shared.py)."""
     from ..spmd import SpmdPool
 
     sizes, ops = sizes or DEFAULT_SIZES, ops or list(OPS)
-    with SpmdPool(world_size, device) as pool:
+    with SpmdPool(world_size, device, share_gpus=share_gpus) as pool:
         if device == "cpu":
             return pool.run(sweep_ops_cpu, [s for s in sizes if s <= 1 * MiB], ops, timeout=timeout_s)[0]
-        return pool.run(sweep_ops, sizes, ops, tuple(max_sms), timeout=timeout_s)[0]
+        return pool.run(sweep_ops, sizes, ops, tuple(max_sms), share_gpus, timeout=timeout_s)[0]

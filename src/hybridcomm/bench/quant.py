@@ -33,8 +33,8 @@ from ..backends.nccl import all_gather_rows, reduce_scatter_rows
 from ..communicator import Communicator
 from ..layout import Layout
 from ..quant import FORMATS, parse_quant, quantize
-from . import timing
-from .baselines import NcclSymmetricBuffers
+from . import shared, timing
+from .baselines import SHARED_GPU, NcclSymmetricBuffers
 from .ops import add_forced_calls, forced_communicators
 from .quant_floor import floor_markdown
 from .transitions import token_cases
@@ -119,18 +119,20 @@ def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: in
 _kept: dict = {}
 
 
-def _buffers(nbytes: int, device: torch.device):
+def _buffers(nbytes: int, device: torch.device, share_gpus: bool):
     if _kept.get("nbytes") != nbytes:
-        _kept.update(nbytes=nbytes, symm=NcclSymmetricBuffers([nbytes] * BUFFERS, device),
+        symm = (NcclSymmetricBuffers.absent(SHARED_GPU) if share_gpus
+                else NcclSymmetricBuffers([nbytes] * BUFFERS, device))
+        _kept.update(nbytes=nbytes, symm=symm,
                      plain=[torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(BUFFERS)])
     return _kept["symm"], _kept["plain"]
 
 
-def _communicators(layout: Layout, area: int):
-    key = ("comms", layout, area)
+def _communicators(layout: Layout, area: int, share_gpus: bool):
+    key = ("comms", layout, area, share_gpus)
+    own = {"workspace_bytes": area, **({"max_sms": shared.sm_share(layout.world_size)} if share_gpus else {})}
     if key not in _kept:
-        _kept[key] = (Communicator(layout, workspace_bytes=area),
-                      forced_communicators(layout, ["gather_tokens_quant"], workspace_bytes=area))
+        _kept[key] = (Communicator(layout, **own), forced_communicators(layout, ["gather_tokens_quant"], **own))
     return _kept[key]
 
 
@@ -140,21 +142,23 @@ def _calls_per_graph(impl: str, counts: list[int], hidden: int) -> int:
 
 
 def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
-                capacity: tuple[int, int] | None = None) -> dict:
+                capacity: tuple[int, int] | None = None, share_gpus: bool = False) -> dict:
     """Worker entry (every rank). capacity: (tokens, hidden) to size the buffers and workspaces
-    for (default: this call's largest), the same for every piece of a sweep so they are kept."""
+    for (default: this call's largest), the same for every piece of a sweep so they are kept.
+    share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
     max_tokens, max_hidden = capacity or (max(tokens), max(hiddens))
-    symm, plain = _buffers(max_tokens * dist.get_world_size() * max_hidden * DTYPE.itemsize, device)
+    symm, plain = _buffers(max_tokens * dist.get_world_size() * max_hidden * DTYPE.itemsize, device, share_gpus)
     area = 2 * max_tokens * max_hidden * DTYPE.itemsize + (1 << 20)  # LL: 2x the largest bf16 rows
     for name in layout_names:
         layout = Layout.parse(name)
-        comm, forced_comms = _communicators(layout, area)
+        comm, forced_comms = _communicators(layout, area, share_gpus)
         for hidden in hiddens:
             for label, counts in token_cases(layout, tokens):
                 for fmt in formats:
                     calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain)
+                    calls = shared.ours_only(calls, forced_comms) if share_gpus else calls
                     names = sorted(calls)
                     us = timing.max_over_ranks([timing.graph_us(calls[k], _calls_per_graph(k, counts, hidden))
                                                 for k in names])
@@ -165,23 +169,28 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
                         row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
                         print(f"[quant] {layout.name} {fmt} h{hidden} {label} {counts}: {row}", file=sys.stderr,
                               flush=True)
-    return {"environment": timing.environment(), "dtype": str(DTYPE), "nccl_symm_note": symm.error,
-            "records": records}
+    results = {"environment": timing.environment(), "dtype": str(DTYPE), "nccl_symm_note": symm.error,
+               "records": records}
+    if share_gpus:
+        results["shared_gpu"] = shared.description(dist.get_world_size())
+    return results
 
 
 def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
-                world_size: int = 4, timeout_s: float = 900.0, progress: Callable[[dict], None] | None = None) -> dict:
+                world_size: int = 4, timeout_s: float = 900.0, progress: Callable[[dict], None] | None = None,
+                share_gpus: bool = False) -> dict:
     """The sweep, one pool call (deadline timeout_s) per (layout, hidden); after each,
-    progress(the results so far) -- the CLI writes them, so a run cut short keeps its pieces."""
+    progress(the results so far) -- the CLI writes them, so a run cut short keeps its pieces.
+    share_gpus: ranks share GPUs, our kernels only (bench/shared.py)."""
     from ..spmd import SpmdPool
 
     results: dict = {}
-    with SpmdPool(world_size, "cuda") as pool:
+    with SpmdPool(world_size, "cuda", share_gpus=share_gpus) as pool:
         for layout in layouts:
             for hidden in hiddens:
                 start = time.monotonic()
                 piece = pool.run(sweep_quant, [layout], formats, [hidden], tokens, (max(tokens), max(hiddens)),
-                                 timeout=timeout_s)[0]
+                                 share_gpus, timeout=timeout_s)[0]
                 results = {**piece, "records": results.get("records", []) + piece["records"]}
                 print(f"[quant] {layout} hidden {hidden}: {time.monotonic() - start:.0f} s", file=sys.stderr,
                       flush=True)
@@ -228,8 +237,9 @@ def quant_markdown(results: dict) -> str:
     floor = floor_markdown(results)
     if floor:
         out += [floor]
-    if results.get("nccl_symm_note"):
-        out += [f"nccl_symm_note: {results['nccl_symm_note']}"]
+    for note in ("nccl_symm_note", "shared_gpu"):
+        if results.get(note):
+            out += [f"{note}: {results[note]}"]
     return "\n".join(out) + "\n"
 
 

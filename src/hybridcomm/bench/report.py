@@ -71,10 +71,13 @@ def ops_markdown(results: dict) -> str:
     if "eager_overhead_us" in results:
         out += ["## eager per-call cost (µs, wall clock, 2 KB all_reduce)", ""]
         out += [f"- {k}: {v:.1f}" for k, v in results["eager_overhead_us"].items()]
-    for note in ("workspace", "nccl_symm_note", "symm_mem_note"):
-        if results.get(note):
-            out += ["", f"{note}: {results[note]}"]
+    out += _notes(results, ("workspace", "nccl_symm_note", "symm_mem_note", "shared_gpu"))
     return "\n".join(out) + "\n"
+
+
+def _notes(results: dict, keys: tuple[str, ...]) -> list[str]:
+    """The results' notes that are present, one paragraph each."""
+    return [line for k in keys if results.get(k) for line in ("", f"{k}: {results[k]}")]
 
 
 def transitions_markdown(results: dict) -> str:
@@ -94,6 +97,7 @@ def transitions_markdown(results: dict) -> str:
             ratio = f"{min(base) / cols['hybridcomm']:.2f}x" if base and "hybridcomm" in cols else "-"
             rows.append([case, ",".join(map(str, tokens))] + [_fmt(cols.get(i)) for i in impls] + [ratio])
         out += [f"## {layout} {op}", "", _table(["case", "tokens/DP rank"] + impls + ["ratio"], rows), ""]
+    out += _notes(results, ("shared_gpu",))
     return "\n".join(out) + "\n"
 
 

@@ -17,6 +17,8 @@ Columns (µs per call, graph replay, median, max over ranks):
                transitions are one all-reduce there, which is what engines run (NCCL, NCCL on
                symmetric windows, torch symm_mem one-shot as the stand-in for vLLM / SGLang
                custom all-reduce); baselines like the others
+With --share-gpus (ranks sharing a GPU, under MPS) only the hc_<algorithm> columns run
+(bench/shared.py): for comparing two builds of our kernels, not a speed claim.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from ..communicator import Communicator
 from ..layout import Layout
 from ..norm import ResidualNorm
 from ..two_step import TwoStep
-from . import timing
-from .baselines import NcclSymmetricBuffers, SymmMemBuffer
+from . import shared, timing
+from .baselines import NcclSymmetricBuffers, SymmMemBuffer, baseline_buffers
 from .ops import add_forced_calls, budget_communicators, forced_communicators
 
 HIDDEN = 4096
@@ -126,21 +128,25 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
     return calls
 
 
-def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, max_sms: tuple[int, ...] = ()) -> dict:
-    """Worker entry (every rank). max_sms: also the Communicator made with each (columns hc_sms<N>)."""
+def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, max_sms: tuple[int, ...] = (),
+                      share_gpus: bool = False) -> dict:
+    """Worker entry (every rank). max_sms: also the Communicator made with each (columns hc_sms<N>).
+    share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
-    symm = NcclSymmetricBuffers([BUFFER_BYTES] * 3, device)
+    symm, sm = baseline_buffers([BUFFER_BYTES] * 3, BUFFER_BYTES, device, share_gpus)
     plain = [torch.empty(BUFFER_BYTES, dtype=torch.uint8, device=device) for _ in range(4)]
-    sm = SymmMemBuffer(BUFFER_BYTES, device)
+    own = {"workspace_bytes": 32 << 20}  # room for 512 tokens per rank
+    own.update({"max_sms": shared.sm_share(dist.get_world_size())} if share_gpus else {})
     for name in layout_names:
         layout = Layout.parse(name)
-        comm = Communicator(layout, workspace_bytes=32 << 20)  # room for 512 tokens per rank
-        forced_comms = {**forced_communicators(layout, list(OPS), workspace_bytes=32 << 20),
+        comm = Communicator(layout, **own)
+        forced_comms = {**forced_communicators(layout, list(OPS), **own),
                         **budget_communicators(layout, list(OPS), max_sms, workspace_bytes=32 << 20)}
         for label, counts in token_cases(layout, tokens or TOKENS):
             for op in OPS:
                 calls = _calls(op, counts, comm, forced_comms, symm, plain, sm)
+                calls = shared.ours_only(calls, forced_comms) if share_gpus else calls
                 names = sorted(calls)
                 nbytes = sum(counts) * HIDDEN * 2
                 us = timing.max_over_ranks([timing.graph_us(calls[k], timing.calls_per_graph(nbytes)) for k in names])
@@ -151,13 +157,16 @@ def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, 
                     row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
                     print(f"[transitions] {layout.name} {op} {label} {counts}: {row}", file=sys.stderr, flush=True)
         del comm, forced_comms
-    return {"environment": timing.environment(), "hidden": HIDDEN, "dtype": str(DTYPE),
-            "nccl_symm_note": symm.error, "symm_mem_note": sm.error, "records": records}
+    results = {"environment": timing.environment(), "hidden": HIDDEN, "dtype": str(DTYPE),
+               "nccl_symm_note": symm.error, "symm_mem_note": sm.error, "records": records}
+    if share_gpus:
+        results["shared_gpu"] = shared.description(dist.get_world_size())
+    return results
 
 
 def bench_transitions(layouts: list[str], world_size: int = 4, tokens: list[int] | None = None,
-                      timeout_s: float = 900.0, max_sms: tuple[int, ...] = ()) -> dict:
+                      timeout_s: float = 900.0, max_sms: tuple[int, ...] = (), share_gpus: bool = False) -> dict:
     from ..spmd import SpmdPool
 
-    with SpmdPool(world_size, "cuda") as pool:
-        return pool.run(sweep_transitions, layouts, tokens, tuple(max_sms), timeout=timeout_s)[0]
+    with SpmdPool(world_size, "cuda", share_gpus=share_gpus) as pool:
+        return pool.run(sweep_transitions, layouts, tokens, tuple(max_sms), share_gpus, timeout=timeout_s)[0]

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# On a machine with one GPU, in one call: time builds of our kernels against each other, the ranks
+# sharing the GPU under CUDA MPS (bench/shared.py says what that can show and what it cannot: it is
+# no speed claim, and no NVLink). Order: main, then each patch of src/hybridcomm/csrc (applied,
+# built or found in the cache, timed, reverted), then main again; a change counts only where it
+# differs from both main runs by more than they differ from each other.
+#   bash scripts/shared_gpu_timing.sh [PATCH ...]     (no patch: main twice, to see the drift)
+# Under $OUT/shared_timing/: NAME_BENCH.json / .md, NAME_vs_main_N_BENCH.md (scripts/compare_results.py)
+# and a log per step. WORLD (2), BENCHES (ops transitions quant), SIZES, TOKENS, LAYOUTS narrow it.
+# The device tool brings back only so many files: give OUT a folder of the checkout and tar it into
+# the tool's $OUT. Build the patched libraries beforehand (`hybridcomm build --arch 90a`, XDG_CACHE_HOME
+# set) and carry the cache: on the device each build costs ~100 s of device time. NVLink multicast
+# stays off: never remove the exports.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+DIR="${OUT:-results/shared-timing-run}/shared_timing"
+mkdir -p "$DIR"
+WORLD=${WORLD:-2}; BENCHES=${BENCHES:-ops transitions quant}
+SIZES=${SIZES:-2K,32K,512K,4M}; TOKENS=${TOKENS:-1,16,128,512}; LAYOUTS=${LAYOUTS:-dp2,tp2}
+source "$(dirname "$0")/steps.sh"  # step, status
+
+bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has now
+  local b common=(--world "$WORLD" --share-gpus)
+  for b in $BENCHES; do
+    case $b in
+      ops) step "$1_ops" python3 -m hybridcomm bench ops --device cuda "${common[@]}" --sizes "$SIZES" \
+             --out "$DIR/$1_ops.json" ;;
+      transitions) step "$1_transitions" python3 -m hybridcomm bench transitions "${common[@]}" \
+             --layouts "$LAYOUTS" --tokens "$TOKENS" --out "$DIR/$1_transitions.json" ;;
+      quant) step "$1_quant" python3 -m hybridcomm bench quant "${common[@]}" --layouts "$LAYOUTS" \
+             --quant fp8,nvfp4 --hidden 4096 --tokens "$TOKENS" --out "$DIR/$1_quant.json" ;;
+    esac
+  done
+}
+
+# The MPS daemon, private to this call; it quits at the end whatever happens.
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/hc_mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hc_mps_log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d || { echo "=== could not start the MPS daemon"; exit 2; }
+applied=""
+trap '[ -n "$applied" ] && git apply -R "$applied"; echo quit | nvidia-cuda-mps-control' EXIT
+
+step build_main python3 -m hybridcomm build
+bench main_1
+for patch in "$@"; do
+  name=$(basename "$patch" .patch)
+  if ! git apply "$patch"; then echo "=== $patch does not apply to this checkout"; status=1; continue; fi
+  applied=$patch
+  step "build_$name" python3 -m hybridcomm build
+  bench "$name"
+  git apply -R "$patch" && applied=""
+done
+bench main_2
+for name in main_2 $(for p in "$@"; do basename "$p" .patch; done); do
+  for b in $BENCHES; do
+    for base in main_1 main_2; do
+      [ "$name" != "$base" ] && [ -f "$DIR/${name}_$b.json" ] && [ -f "$DIR/${base}_$b.json" ] || continue
+      python3 scripts/compare_results.py "$DIR/${base}_$b.json" "$DIR/${name}_$b.json" \
+        > "$DIR/${name}_vs_${base}_$b.md" || status=1
+      echo "=== $name against $base, $b (median ratio per impl):"
+      grep -A20 "^| impl | pairs" "$DIR/${name}_vs_${base}_$b.md" | sed '/^$/q'
+    done
+  done
+done
+exit $status

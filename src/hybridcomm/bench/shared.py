@@ -1,0 +1,60 @@
+"""`bench ops|transitions --share-gpus`: our kernels timed with several ranks on one GPU, under
+CUDA MPS, to compare two builds of the kernels on a machine that has one GPU.
+
+What it can show: what a kernel change costs on the device side (instructions, register
+spills, flag handling), since both builds run the same calls on the same GPU in the same way.
+What it cannot show: anything about NVLink or about the baselines. The peers' memory is the
+same GPU's memory (L2 and HBM, far faster than NVLink), and NCCL and torch symmetric memory
+refuse two ranks on one GPU, so only our forced algorithms (the hc_<algorithm> columns) run.
+No number from it is a speed claim against anything but another build of our kernels.
+
+Why MPS: without it the GPU runs each rank's context in turn, so a kernel that waits for a
+peer spins until the peer's time slice (milliseconds a call). Under MPS the ranks' kernels run
+side by side. The daemon is started outside (scripts/shared_gpu_timing.sh); `mps_running`
+only reports whether one is up, and the results carry that answer.
+Why a budget of SMs: every block of a kernel must be resident at once (a block waits for its
+peers' blocks), so the ranks on one GPU split its SMs. An even split is not enough: on an H100
+(132 SMs) under MPS, two ranks' one-shot all_reduce of 512 KB with 66 blocks each hung, with 64
+each it ran (2026-11-23, results/shared_1xH100). So each Communicator is made with a quarter of
+its even split left free (`sm_share`), the same for both builds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import torch
+
+NOTE = ("ranks shared one GPU under CUDA MPS (bench/shared.py): our kernels only, peer memory on the same GPU; "
+        "compare two builds of the kernels with it, nothing else")
+
+
+def ranks_per_gpu(world_size: int) -> int:
+    return -(-world_size // max(torch.cuda.device_count(), 1))
+
+
+def sm_share(world_size: int) -> int:
+    """The blocks each rank's kernels may launch so that every rank's grid is resident at once:
+    3/4 of an even split of the SMs (the module's docstring says why not all of it)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return max(1, sms // ranks_per_gpu(world_size) * 3 // 4)
+
+
+def mps_running() -> bool:
+    """Whether an MPS control daemon is up on this machine (its clients then share the GPU)."""
+    try:
+        return subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-control"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def description(world_size: int) -> dict:
+    """What a shared run records next to its numbers."""
+    return {"note": NOTE, "ranks_per_gpu": ranks_per_gpu(world_size), "max_sms": sm_share(world_size),
+            "mps": mps_running()}
+
+
+def ours_only(calls: dict, forced: dict) -> dict:
+    """The calls of our forced Communicators (the only ones that run with ranks sharing a GPU)."""
+    return {name: call for name, call in calls.items() if name in forced}
