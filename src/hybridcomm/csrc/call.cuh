@@ -213,8 +213,13 @@ __device__ __forceinline__ CallCtx begin_call(const GroupArgs& g, int op) {
   const uint32_t flag = *(volatile uint32_t*)&g.state[kCalls] + 1;
   // A timeout before this call, in this group or in any group of the communicator (a composed
   // op's second kernel works on what its first left): send nothing (CallCtx::aborted).
-  const bool aborted = *(volatile uint32_t*)&g.state[kAborted] != 0 ||
-                       (*(volatile unsigned long long*)g.error_word & kErrorFieldMask) == kTimeout;
+  // Both words are read unconditionally so that the two loads are in flight together: with `||`
+  // the second load waited for the first, one more memory latency before every call's first
+  // send (the one-shot all_reduce of 2-32 KB: 0.3-0.5 us with two ranks sharing an H100,
+  // results/shared_1xH100 run 34; sass_oneshot_prologue.txt there).
+  const uint32_t group_aborted = *(volatile uint32_t*)&g.state[kAborted];
+  const unsigned long long error = *(volatile unsigned long long*)g.error_word;
+  const bool aborted = group_aborted != 0 || (error & kErrorFieldMask) == kTimeout;
   return CallCtx{g, flag, (int)(flag & 1), global_timer_ns() + g.timeout_ns, op, aborted};  // read in this order
 }
 
