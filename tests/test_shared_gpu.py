@@ -74,3 +74,12 @@ def test_the_benches_share_gpus_only_on_cuda(capsys):
 
     assert cli.main(["bench", "ops", "--device", "cpu", "--world", "2", "--share-gpus"]) == 2
     assert "--share-gpus needs --device cuda" in capsys.readouterr().err
+
+
+def test_mps_is_seen_from_its_control_pipe(tmp_path, monkeypatch):
+    from hybridcomm.bench.shared import mps_running
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not mps_running()
+    (tmp_path / "control").touch()  # what `nvidia-cuda-mps-control -d` makes there
+    assert mps_running()

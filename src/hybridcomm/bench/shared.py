@@ -21,7 +21,7 @@ its even split left free (`sm_share`), the same for both builds.
 
 from __future__ import annotations
 
-import subprocess
+import os
 
 import torch
 
@@ -41,12 +41,9 @@ def sm_share(world_size: int) -> int:
 
 
 def mps_running() -> bool:
-    """Whether an MPS control daemon is up on this machine (its clients then share the GPU)."""
-    try:
-        return subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-control"], capture_output=True,
-                              timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether an MPS control daemon serves this process's pipe directory (its clients then share
+    the GPU): the daemon's control pipe exists there (/tmp/nvidia-mps unless CUDA_MPS_PIPE_DIRECTORY)."""
+    return os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps", "control"))
 
 
 def description(world_size: int) -> dict:
