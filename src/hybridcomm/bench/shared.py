@@ -16,7 +16,8 @@ Why a budget of SMs: every block of a kernel must be resident at once (a block w
 peers' blocks), so the ranks on one GPU split its SMs. An even split is not enough: on an H100
 (132 SMs) under MPS, two ranks' one-shot all_reduce of 512 KB with 66 blocks each hung, with 64
 each it ran (2026-11-23, results/shared_1xH100). So each Communicator is made with a quarter of
-its even split left free (`sm_share`), the same for both builds.
+its even split left free (`sm_share`), the same for both builds. `--max-sms N` columns keep the N
+given: above `sm_share` they may not fit beside the other ranks and time out.
 """
 
 from __future__ import annotations
