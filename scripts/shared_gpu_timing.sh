@@ -18,7 +18,7 @@ DIR="${OUT:-results/shared-timing-run}/shared_timing"
 mkdir -p "$DIR"
 WORLD=${WORLD:-2}; BENCHES=${BENCHES:-ops transitions quant}
 SIZES=${SIZES:-2K,32K,512K,4M}; TOKENS=${TOKENS:-1,16,128,512}; LAYOUTS=${LAYOUTS:-dp2,tp2}
-source "$(dirname "$0")/steps.sh"  # step, status
+source "$(dirname "$0")/steps.sh"  # step, status, apply_patch, revert_patch
 
 bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has now
   local b common=(--world "$WORLD" --share-gpus)
@@ -38,18 +38,16 @@ bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/hc_mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hc_mps_log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 nvidia-cuda-mps-control -d || { echo "=== could not start the MPS daemon"; exit 2; }
-applied=""
-trap '[ -n "$applied" ] && git apply -R "$applied"; echo quit | nvidia-cuda-mps-control' EXIT
+trap 'revert_patch; echo quit | nvidia-cuda-mps-control' EXIT
 
 step build_main python3 -m hybridcomm build
 bench main_1
 for patch in "$@"; do
   name=$(basename "$patch" .patch)
-  if ! git apply "$patch"; then echo "=== $patch does not apply to this checkout"; status=1; continue; fi
-  applied=$patch
+  apply_patch "$patch" || continue
   step "build_$name" python3 -m hybridcomm build
   bench "$name"
-  git apply -R "$patch" && applied=""
+  revert_patch
 done
 bench main_2
 for name in main_2 $(for p in "$@"; do basename "$p" .patch; done); do

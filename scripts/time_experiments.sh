@@ -18,7 +18,7 @@ patches=("$@")
 [ ${#patches[@]} -gt 0 ] || patches=(experiments/*.patch)
 WORLD=${WORLD:-2}; LAYOUTS=${LAYOUTS:-dp2,tp2}; TOKENS=${TOKENS:-1,16,128,256,512}
 TESTS=${TESTS:-tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_row_grids.py}
-source "$(dirname "$0")/steps.sh"  # step, status
+source "$(dirname "$0")/steps.sh"  # step, status, apply_patch, revert_patch
 
 bench() {
   step "bench_$1" python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --quant fp8,nvfp4 \
@@ -30,17 +30,15 @@ compare() {  # compare BASE NAME
 
 step build_main python3 -m hybridcomm build
 bench main_1
-applied=""
-trap '[ -n "$applied" ] && git apply -R "$applied"' EXIT  # the checkout goes back to main whatever happens
+trap revert_patch EXIT  # the checkout goes back to main whatever happens
 for patch in "${patches[@]}"; do
   name=$(basename "$patch" .patch)
-  if ! git apply "$patch"; then echo "=== $patch does not apply to this checkout"; status=1; continue; fi
-  applied=$patch
+  apply_patch "$patch" || continue
   step "build_$name" python3 -m hybridcomm build
   bench "$name"
   # shellcheck disable=SC2086  (one word per test file)
   step "${name}_tests" python3 -m pytest -q -p no:cacheprovider -m gpu $TESTS
-  git apply -R "$patch" && applied=""
+  revert_patch
 done
 bench main_2
 for patch in "${patches[@]}"; do
