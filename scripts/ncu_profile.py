@@ -1,6 +1,6 @@
 """Nsight Compute profiles of our kernels at decode sizes, on the GPUs there are (2 or 4).
 
-    python3 scripts/ncu_profile.py --out DIR [--world N] [--set full] [--cases WORDS] [--stalls]
+    python3 scripts/ncu_profile.py --out DIR [--world N] [--set full] [--cases WORDS] [--stalls] [--share-gpus]
 
 Spawns `world` ranks (NCCL); rank 0 runs under `ncu` with profiling off except around one
 call per case (cudaProfilerStart/Stop), so only that call's kernel is profiled; the other
@@ -18,6 +18,12 @@ benchmarks; compare kernels with each other, and read throughput and stall reaso
 (smsp__average_warps_issue_stalled_*), with caches and clocks left as the warm-up calls left
 them (--cache-control none --clock-control none): a kernel's instruction-fetch stalls
 ("no_instruction") show only if its code is not already cached from the calls before.
+
+--share-gpus: the ranks share the GPUs there are (rank r on GPU r % count; one GPU is enough),
+over gloo instead of NCCL, each Communicator with the SM budget of bench/shared.py. No MPS: the
+ranks take turns on the GPU, which costs the profile nothing, since rank 0's profiled kernel finds
+its peers' data in place either way. Peer memory is then the same GPU's: compare kernels with
+each other (instructions, stalls, spills), not their memory times with an NVLink run's.
 """
 
 from __future__ import annotations
@@ -81,25 +87,30 @@ def _cases(words: str | None) -> list:
     return [c for c in CASES if not words or any(w in c[0] for w in words.split(","))]
 
 
-def worker(rank: int, world: int, port: int, words: str | None = None) -> None:
+def worker(rank: int, world: int, port: int, words: str | None = None, share_gpus: bool = False) -> None:
     import torch
     import torch.distributed as dist
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     import hybridcomm as hc
     from hybridcomm.algorithms import NAMED_TABLES
+    from hybridcomm.bench import shared
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", device_id=device)
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    if share_gpus:  # NCCL refuses two ranks on one GPU
+        dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    else:
+        dist.init_process_group("nccl", device_id=device)
+    budget = {"max_sms": shared.sm_share(world)} if share_gpus else {}
     # Host-side barriers (no kernel on the profiled stream), with a timeout so a failed rank
     # does not leave the others waiting.
     host = dist.new_group(backend="gloo", timeout=timedelta(seconds=120))
     cudart = torch.cuda.cudart()
     for name, layout2, layout4, op, table, size, *quant in _cases(words):
         layout = hc.Layout.parse(layout2 if world == 2 else layout4)
-        comm = hc.Communicator(layout, table=NAMED_TABLES[table])
+        comm = hc.Communicator(layout, table=NAMED_TABLES[table], **budget)
         call = _call(comm, op, size, device, *quant)
         for _ in range(WARMUP):
             call()
@@ -131,11 +142,12 @@ def main() -> int:
     parser.add_argument("--cases", default=None,
                         help="only cases whose name contains one of these comma-separated words")
     parser.add_argument("--stalls", action="store_true", help="stall reasons per issued instruction, warm caches")
+    parser.add_argument("--share-gpus", action="store_true", help="ranks share the GPUs (one is enough), over gloo")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.world, args.port, args.cases)
+        worker(args.worker, args.world, args.port, args.cases, args.share_gpus)
         return 0
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not os.path.exists(ncu):
@@ -150,7 +162,8 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     me = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--world", str(args.world),
-          "--port", str(port)] + (["--cases", args.cases] if args.cases else [])
+          "--port", str(port)] + (["--cases", args.cases] if args.cases else []) + \
+        (["--share-gpus"] if args.share_gpus else [])
     what = STALLS if args.stalls else ["--set", args.set]
     profiled = [ncu, "--profile-from-start", "off", *what, "--target-processes", "application-only",
                 "--log-file", os.path.join(args.out, "ncu_rank0.txt")]
