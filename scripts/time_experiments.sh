@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On a machine with 2 or more GPUs, in one call: time kernel experiments (experiments/*.patch, or
-# the ones named) against main with `bench quant`, and run the GPU tests they touch with each
-# applied. Order: main, then each patch (applied, built, timed, tested, reverted), then main
+# the ones named) against main with `bench quant` (BENCHES adds `ops` and `transitions`), and run
+# the GPU tests they touch with each applied. Order: main, then each patch (applied, built, timed, tested, reverted), then main
 # again: two runs of one machine drift by a few percent, so a change counts only where it beats
 # both main runs (hybridcomm.bench.compare). Everything under $OUT/experiments/:
 #   main_1.json, main_2.json, NAME.json (bench quant), NAME_vs_main_1.md, NAME_vs_main_2.md
-#   (scripts/compare_results.py), NAME_tests.log, build and bench logs.
+#   (scripts/compare_results.py), NAME_tests.log, build and bench logs; with BENCHES="quant ops
+#   transitions", also NAME_ops.json, NAME_ops_vs_main_1_ops.md, ... (SIZES: the ops' sizes).
 #   bash scripts/time_experiments.sh [experiments/NAME.patch ...]
 # WORLD (2), LAYOUTS (dp2,tp2), TOKENS (1,16,128,256,512) and TESTS narrow it; one patch a call
 # if they do not fit the device's 10 minutes. NVLink multicast stays off: never remove the exports.
@@ -17,12 +18,22 @@ mkdir -p "$DIR"
 patches=("$@")
 [ ${#patches[@]} -gt 0 ] || patches=(experiments/*.patch)
 WORLD=${WORLD:-2}; LAYOUTS=${LAYOUTS:-dp2,tp2}; TOKENS=${TOKENS:-1,16,128,256,512}
+BENCHES=${BENCHES:-quant}; SIZES=${SIZES:-2K,8K,32K,128K,512K,2M,8M}
 TESTS=${TESTS:-tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_row_grids.py}
 source "$(dirname "$0")/steps.sh"  # step, status, apply_patch, revert_patch
 
-bench() {
-  step "bench_$1" python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" --quant fp8,nvfp4 \
-    --hidden 4096,7168 --tokens "$TOKENS" --out "$DIR/$1.json"
+bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has now
+  local b
+  for b in $BENCHES; do
+    case $b in
+      quant) step "bench_$1" python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" \
+               --quant fp8,nvfp4 --hidden 4096,7168 --tokens "$TOKENS" --out "$DIR/$1.json" ;;
+      ops) step "bench_$1_ops" python3 -m hybridcomm bench ops --device cuda --world "$WORLD" --sizes "$SIZES" \
+             --out "$DIR/$1_ops.json" ;;
+      transitions) step "bench_$1_transitions" python3 -m hybridcomm bench transitions --world "$WORLD" \
+                     --layouts "$LAYOUTS" --tokens "$TOKENS" --out "$DIR/$1_transitions.json" ;;
+    esac
+  done
 }
 compare() {  # compare BASE NAME
   python3 scripts/compare_results.py "$DIR/$1.json" "$DIR/$2.json" > "$DIR/${2}_vs_$1.md" || status=1
@@ -43,9 +54,13 @@ done
 bench main_2
 for patch in "${patches[@]}"; do
   name=$(basename "$patch" .patch)
-  [ -f "$DIR/$name.json" ] || continue
-  compare main_1 "$name"; compare main_2 "$name"
-  echo "=== $name against main (median ratio per impl, before then after):"
-  grep -A12 "^| impl | pairs" "$DIR/${name}_vs_main_1.md" "$DIR/${name}_vs_main_2.md" | grep -E "hybridcomm|hc_quant"
+  for b in $BENCHES; do
+    suffix=$([ "$b" = quant ] || echo "_$b")  # bench quant keeps its old file names
+    [ -f "$DIR/$name$suffix.json" ] || continue
+    compare "main_1$suffix" "$name$suffix"; compare "main_2$suffix" "$name$suffix"
+    echo "=== $name against main, $b (median ratio per impl, before then after):"
+    grep -A12 "^| impl | pairs" "$DIR/${name}${suffix}_vs_main_1$suffix.md" "$DIR/${name}${suffix}_vs_main_2$suffix.md" |
+      grep -E "hybridcomm|hc_"
+  done
 done
 exit $status
