@@ -14,7 +14,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, check_cases, cross_rank_mismatches
+from hybridcomm.check import Case, check_cases, failures_of
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -53,6 +53,5 @@ def _poisoned_check(cases, table):
 def test_row_kernels_sized_by_their_counts_match_the_reference(pool, table):
     cases = _cases()
     per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
+    failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])

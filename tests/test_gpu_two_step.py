@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout, algorithms
-from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
+from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -30,8 +30,7 @@ def _poisoned_check(cases, table):
 
 def _run(pool, cases, table):
     per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
+    failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 
 

@@ -8,7 +8,7 @@ import torch
 
 from conftest import gpu_count, needs_gpus, needs_nccl
 from hybridcomm import Layout
-from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches, replay_check
+from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of, replay_check
 from hybridcomm.spmd import SpmdPool
 from hybridcomm.topology import has_rails, split, sum_by_node, sum_in_order
 
@@ -17,8 +17,7 @@ def run_checked(pool, world, cases, backend="auto", table="hierarchical", exact=
     """Every case on every rank against the oracle (table "hierarchical": our path across nodes
     at every size; "auto": the default table, where flat NCCL rules run the reference on CPU)."""
     per_rank = pool(world, device).run(check_cases, cases, backend, exact, False, table, timeout=timeout)
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
+    failures = failures_of(cases, per_rank)
     assert not failures, "\n".join(failures[:20])
 
 

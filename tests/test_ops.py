@@ -6,13 +6,12 @@ import pytest
 import torch
 
 from hybridcomm import Layout
-from hybridcomm.check import Case, cases_for_layout, check_cases, cross_rank_mismatches
+from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of
 
 
 def run_checked(pool, world, cases, backend="reference", exact="all", timeout=240):
     per_rank = pool(world).run(check_cases, cases, backend, exact, timeout=timeout)
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
+    failures = failures_of(cases, per_rank)
     assert not failures, "\n".join(failures[:20])
     return per_rank
 

@@ -433,3 +433,10 @@ def cross_rank_mismatches(cases: list[Case], per_rank: list[list[Outcome]]) -> l
             if len(digests) > 1:
                 problems.append(f"{case.describe()}: ranks {list(members)} hold different bits")
     return problems
+
+
+def failures_of(cases: list[Case], per_rank: list[list[Outcome]]) -> list[str]:
+    """Everything wrong in the ranks' outcomes of check_cases, a line each: every case that failed
+    on some rank, then every case whose ranks do not hold the same bits where they must."""
+    failed = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
+    return failed + cross_rank_mismatches(cases, per_rank)
