@@ -61,8 +61,8 @@ extern "C" int hc_all_gather_v(const GroupArgs* g, int dtype, const void* in, vo
   if (row_bytes % kRowAlignBytes || (own_count && !sizes_device)) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows, own_count);
   const int64_t rows = grid_rows(io, g->nranks, RowsSpan::kLargest, out_rows);
-  status = launch_kernel(own_count ? all_gather_v_push<true> : all_gather_v_push<false>,
-                         blocks_for(rows * io.row_lanes, *g), kThreads, stream, pdl, *g, dtype, (const uint2*)in,
-                         (uint2*)out, io);
+  const Grid grid = spread_grid(rows * io.row_lanes, *g);
+  status = launch_kernel(own_count ? all_gather_v_push<true> : all_gather_v_push<false>, grid.blocks, grid.threads,
+                         stream, pdl, *g, dtype, (const uint2*)in, (uint2*)out, io);
   return status;
 }

@@ -171,18 +171,22 @@ extern "C" int hc_all_reduce(const GroupArgs* g, int algorithm, int dtype, const
                  g->area_bytes))
     return (int)cudaErrorInvalidValue;
   const int lanes_per_thread = algorithm == kAllReduceOneShot ? one_shot_lanes_per_thread(nbytes) : 1;
-  const int blocks = blocks_for(ceil_div(per_peer, lanes_per_thread), *g);
+  const Grid grid = spread_grid(ceil_div(per_peer, lanes_per_thread), *g);
   const auto* x = (const uint4*)in;
   auto* y = (uint4*)out;
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kAllReduceOneShot && lanes_per_thread == 2)
-      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot, 2>, blocks, kThreads, stream, pdl, *g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot, 2>, grid.blocks, grid.threads, stream, pdl, *g, x, y,
+                             units);
     else if (algorithm == kAllReduceOneShot)
-      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot>, blocks, kThreads, stream, pdl, *g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceOneShot>, grid.blocks, grid.threads, stream, pdl, *g, x, y,
+                             units);
     else if (algorithm == kAllReduceTwoShot)
-      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShot>, blocks, kThreads, stream, pdl, *g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShot>, grid.blocks, grid.threads, stream, pdl, *g, x, y,
+                             units);
     else
-      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShotBulk>, blocks, kThreads, stream, pdl, *g, x, y, units);
+      status = launch_kernel(all_reduce<Elem, kAllReduceTwoShotBulk>, grid.blocks, grid.threads, stream, pdl, *g, x, y,
+                             units);
   });
   return status;
 }

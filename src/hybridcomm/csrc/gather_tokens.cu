@@ -191,9 +191,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // One algorithm's kernel, its own-count instance or not.
 template <typename T, int kAlgorithm, typename... Args>
-int launch_gather_tokens(bool own, int blocks, cudaStream_t stream, int pdl, Args... args) {
-  return launch_kernel(own ? gather_tokens<T, kAlgorithm, true> : gather_tokens<T, kAlgorithm, false>, blocks,
-                       kThreads, stream, pdl, args...);
+int launch_gather_tokens(bool own, Grid grid, cudaStream_t stream, int pdl, Args... args) {
+  return launch_kernel(own ? gather_tokens<T, kAlgorithm, true> : gather_tokens<T, kAlgorithm, false>, grid.blocks,
+                       grid.threads, stream, pdl, args...);
 }
 
 }  // namespace hc
@@ -215,7 +215,9 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
       (own_count && !sizes_device))
     return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
-  const int blocks = blocks_for(grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows) * io.row_lanes, *g);
+  const int64_t work = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows) * io.row_lanes;
+  // Fused: a block a row (its norm sums the row), so full blocks.
+  const Grid grid = algorithm == kGatherTokensFused ? Grid{blocks_for(work, *g), kThreads} : spread_grid(work, *g);
   const auto* x = (const uint2*)in;
   auto* y = (uint2*)out;
   const auto *res = (const uint2*)residual, *w = (const uint2*)weight;
@@ -223,13 +225,13 @@ extern "C" int hc_gather_tokens(const GroupArgs* g, int algorithm, int dtype, in
   HC_DISPATCH_DTYPE(dtype, {
     const bool own = own_count != nullptr;
     if (algorithm == kGatherTokensOneShot)
-      status = launch_gather_tokens<Elem, kGatherTokensOneShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+      status = launch_gather_tokens<Elem, kGatherTokensOneShot>(own, grid, stream, pdl, *g, tp, partial, x, y, res, w,
                                                                 res_out, eps, io);
     else if (algorithm == kGatherTokensTwoShot)
-      status = launch_gather_tokens<Elem, kGatherTokensTwoShot>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+      status = launch_gather_tokens<Elem, kGatherTokensTwoShot>(own, grid, stream, pdl, *g, tp, partial, x, y, res, w,
                                                                 res_out, eps, io);
     else
-      status = launch_gather_tokens<Elem, kGatherTokensFused>(own, blocks, stream, pdl, *g, tp, partial, x, y, res, w,
+      status = launch_gather_tokens<Elem, kGatherTokensFused>(own, grid, stream, pdl, *g, tp, partial, x, y, res, w,
                                                               res_out, eps, io);
   });
   return status;

@@ -64,10 +64,10 @@ extern "C" int hc_lamport_all_gather_v(const GroupArgs* g, const LamportArgs* l,
   if (row_bytes % kRowAlignBytes || (own_count && !sizes_device)) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows, own_count);
   const int64_t rows = grid_rows(io, g->nranks, RowsSpan::kLargest, out_rows);
-  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
+  const Grid grid = spread_grid(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
     return launch_kernel(own_count ? lamport_all_gather_v_push<Elem, true> : lamport_all_gather_v_push<Elem, false>,
-                         blocks, kThreads, stream, pdl, *g, *l, (const uint4*)in, (uint4*)out, io);
+                         grid.blocks, grid.threads, stream, pdl, *g, *l, (const uint4*)in, (uint4*)out, io);
   });
   return (int)cudaErrorInvalidValue;
 }

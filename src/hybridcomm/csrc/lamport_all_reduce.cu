@@ -45,9 +45,9 @@ extern "C" int hc_lamport_all_reduce(const GroupArgs* g, const LamportArgs* l, i
   if (nbytes % kRowAlignBytes || !fits_area(nbytes, kLamportWireFactor, l->area_bytes))
     return (int)cudaErrorInvalidValue;
   const int64_t units = nbytes / kLamportUnitBytes;
-  const int blocks = blocks_for(units, *g);
+  const Grid grid = spread_grid(units, *g);
   HC_DISPATCH_DTYPE(dtype, {
-    return launch_kernel(lamport_all_reduce_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l,
+    return launch_kernel(lamport_all_reduce_one_shot<Elem>, grid.blocks, grid.threads, stream, pdl, *g, *l,
                          (const uint4*)in, (uint4*)out, units);
   });
   return (int)cudaErrorInvalidValue;

@@ -43,9 +43,9 @@ extern "C" int hc_lamport_reduce_scatter_v(const GroupArgs* g, const LamportArgs
   if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
   const int64_t rows = grid_rows(io, g->nranks, RowsSpan::kLargest, in_rows);
-  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
+  const Grid grid = spread_grid(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
-    return launch_kernel(lamport_reduce_scatter_v_push<Elem>, blocks, kThreads, stream, pdl, *g, *l,
+    return launch_kernel(lamport_reduce_scatter_v_push<Elem>, grid.blocks, grid.threads, stream, pdl, *g, *l,
                          (const uint4*)in, (uint4*)out, io);
   });
   return (int)cudaErrorInvalidValue;

@@ -90,11 +90,11 @@ extern "C" int hc_lamport_gather_tokens(const GroupArgs* g, const LamportArgs* l
     return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows, own_count);
   const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out_rows);
-  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
+  const Grid grid = spread_grid(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
     return launch_kernel(own_count ? lamport_gather_tokens_one_shot<Elem, true>
                                    : lamport_gather_tokens_one_shot<Elem, false>,
-                         blocks, kThreads, stream, pdl, *g, *l, tp, (const uint4*)in, (uint4*)out, io);
+                         grid.blocks, grid.threads, stream, pdl, *g, *l, tp, (const uint4*)in, (uint4*)out, io);
   });
   return (int)cudaErrorInvalidValue;
 }
@@ -106,9 +106,9 @@ extern "C" int hc_lamport_scatter_tokens(const GroupArgs* g, const LamportArgs* 
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
   const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kLargest, in_rows);
-  const int blocks = blocks_for(rows * (row_bytes / kLamportUnitBytes), *g);
+  const Grid grid = spread_grid(rows * (row_bytes / kLamportUnitBytes), *g);
   HC_DISPATCH_DTYPE(dtype, {
-    return launch_kernel(lamport_scatter_tokens_one_shot<Elem>, blocks, kThreads, stream, pdl, *g, *l, tp,
+    return launch_kernel(lamport_scatter_tokens_one_shot<Elem>, grid.blocks, grid.threads, stream, pdl, *g, *l, tp,
                          (const uint4*)in, (uint4*)out, io);
   });
   return (int)cudaErrorInvalidValue;

@@ -10,14 +10,43 @@
 
 namespace hc {
 
-// Enough blocks for `work` items at one item per thread, at most one block per SM: every
-// block of a kernel that waits on peers must be resident, or a waiting block could keep a
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Enough blocks of `threads` for `work` items at one item per thread, at most one block per SM:
+// every block of a kernel that waits on peers must be resident, or a waiting block could keep a
 // sending one from ever starting.
-inline int blocks_for(int64_t work, const GroupArgs& g) {
-  int64_t b = (work + kThreads - 1) / kThreads;
+inline int blocks_for(int64_t work, const GroupArgs& g, int threads = kThreads) {
+  int64_t b = ceil_div(work, threads);
   if (b < 1) b = 1;
   if (b > g.max_blocks) b = g.max_blocks;
   return (int)b;
+}
+
+// A launch's shape.
+struct Grid {
+  int blocks, threads;
+};
+
+// Block sizes of a spread grid, smallest first.
+constexpr int kSpreadBlockThreads[] = {128, 256, kThreads};
+
+// The grid of the unquantized kernels: `work` items spread over as many SMs as the group may use
+// before its blocks grow -- the smallest block size whose grid fits g.max_blocks, else full
+// blocks, capped. Why: a small call is one chain of dependent instructions per warp, and the
+// warps on an SM share its 4 schedulers; a 512-thread block puts 4 warps on each (ncu, 2x H200:
+// a warp issued every ~8.7 cycles, ~1.3 of them "not selected"), a 128-thread block one.
+// Measured with 2 ranks sharing an H100 under MPS (results/shared_1xH100, runs 38-39; no NVLink
+// there): against full blocks, the 1-8 token transitions mostly 0.70-0.90x (the Lamport DP
+// gather of 1 token 1.06x), the 32-128 KB ops 0.77-1.0x, 32 tokens and up unchanged; always
+// 128-thread blocks lost up to 3x from 16 tokens, where their grid was capped -- hence the
+// smallest size that fits, not the smallest. Work that
+// fits one full block stays one block: a single block skips end_call's fence, which on NVLink
+// waits for its stores to be acknowledged (call.cuh).
+inline Grid spread_grid(int64_t work, const GroupArgs& g) {
+  if (work <= kThreads) return Grid{1, kThreads};
+  for (int threads : kSpreadBlockThreads)
+    if (ceil_div(work, threads) <= g.max_blocks) return Grid{(int)ceil_div(work, threads), threads};
+  return Grid{blocks_for(work, g), kThreads};
 }
 
 // A row kernel's geometry from a launcher's arguments. Counts: a device array (graph replays
@@ -30,8 +59,6 @@ inline RowsArg rows_arg(const int32_t* sizes_device, const int32_t* sizes_host, 
   for (int i = 0; i < n && !sizes_device; ++i) io.sizes.host[i] = sizes_host[i];
   return io;
 }
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Which rows a row kernel's threads cover, one lane (or unit) each: one member's (its loops run
 // over member j's rows at the same lanes for every j: gathers and reduce-scatters) or all of

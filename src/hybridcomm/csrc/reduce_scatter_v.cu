@@ -35,9 +35,9 @@ extern "C" int hc_reduce_scatter_v(const GroupArgs* g, int dtype, const void* in
   int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks, row_bytes, in_rows, out_rows);
-  const int blocks = blocks_for(grid_rows(io, g->nranks, RowsSpan::kLargest, in_rows) * io.row_lanes, *g);
+  const Grid grid = spread_grid(grid_rows(io, g->nranks, RowsSpan::kLargest, in_rows) * io.row_lanes, *g);
   HC_DISPATCH_DTYPE(dtype, {
-    status = launch_kernel(reduce_scatter_v_push<Elem>, blocks, kThreads, stream, pdl, *g, (const uint2*)in,
+    status = launch_kernel(reduce_scatter_v_push<Elem>, grid.blocks, grid.threads, stream, pdl, *g, (const uint2*)in,
                            (uint2*)out, io);
   });
   return status;

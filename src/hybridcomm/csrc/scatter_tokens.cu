@@ -86,14 +86,14 @@ extern "C" int hc_scatter_tokens(const GroupArgs* g, int algorithm, int dtype, i
   int status = 0;  // cudaError_t of the launch
   if (row_bytes % kRowAlignBytes || tp < 1 || g->nranks % tp) return (int)cudaErrorInvalidValue;
   const RowsArg io = rows_arg(sizes_device, sizes_host, g->nranks / tp, row_bytes, in_rows, out_rows);
-  const int blocks = blocks_for(grid_rows(io, g->nranks / tp, RowsSpan::kLargest, in_rows) * io.row_lanes, *g);
+  const Grid grid = spread_grid(grid_rows(io, g->nranks / tp, RowsSpan::kLargest, in_rows) * io.row_lanes, *g);
   HC_DISPATCH_DTYPE(dtype, {
     if (algorithm == kScatterTokensOneShot)
-      status = launch_kernel(scatter_tokens<Elem, kScatterTokensOneShot>, blocks, kThreads, stream, pdl, *g, tp,
-                             (const uint2*)in, (uint2*)out, io);
+      status = launch_kernel(scatter_tokens<Elem, kScatterTokensOneShot>, grid.blocks, grid.threads, stream, pdl, *g,
+                             tp, (const uint2*)in, (uint2*)out, io);
     else
-      status = launch_kernel(scatter_tokens<Elem, kScatterTokensTwoShot>, blocks, kThreads, stream, pdl, *g, tp,
-                             (const uint2*)in, (uint2*)out, io);
+      status = launch_kernel(scatter_tokens<Elem, kScatterTokensTwoShot>, grid.blocks, grid.threads, stream, pdl, *g,
+                             tp, (const uint2*)in, (uint2*)out, io);
   });
   return status;
 }

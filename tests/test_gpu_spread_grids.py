@@ -1,0 +1,69 @@
+"""GPU tests of the unquantized kernels' block sizes (csrc/launch.cuh spread_grid): a call's work
+goes to as many SMs as the group may use before its blocks grow, so with max_sms=16 one grid
+is one 512-thread block (work <= 512 items), 128-thread blocks (<= 2048), 256-thread blocks
+(<= 4096), 512-thread blocks (<= 8192) or 16 full blocks looping over the rest.
+
+Rows of 8 KB (bf16 hidden 4096: 1024 LL lanes, 512 Lamport units) at counts that put each
+op's grid in every one of those bands; the counts are uneven, zeros included, and come from
+the host and from device memory (then the grid is sized by the buffers' capacity). Every case
+is compared bit for bit with the reference on random data, into outputs filled with a poison
+pattern first, so a lane that no thread of the smaller blocks covers shows.
+"""
+
+import pytest
+
+from conftest import gpu_count, needs_gpus
+from hybridcomm import Layout
+from hybridcomm.check import Case, check_cases, close_communicators, failures_of
+
+pytestmark = [pytest.mark.gpu, needs_gpus(2)]
+
+WORLD = 4 if gpu_count() >= 4 else 2
+MAX_SMS = 16
+ROW = (4096,)
+# The largest count of a call (LL lanes = 1024 x rows; Lamport units = 512 x rows): 1 Lamport
+# block; 128-thread blocks; 256-thread (LL) / 128-thread (Lamport); 512-thread (LL) / 256-thread
+# (Lamport); capped (LL) / 512-thread (Lamport); capped.
+ROWS = (1, 2, 3, 6, 12, 40)
+
+
+def _counts(n: int, rows: int) -> tuple[int, ...]:
+    """n counts whose largest is rows: uneven, the last member with none."""
+    return tuple(rows if i == 0 else (rows // (i + 1) if i < n - 1 else 0) for i in range(n)) if n > 1 else (rows,)
+
+
+def _cases() -> list[Case]:
+    cases = []
+    tp = Layout(WORLD, attn_tp=2)
+    for device_sizes in (False, True):
+        for rows in ROWS:
+            if not device_sizes:  # (one message: no counts)
+                cases.append(Case("all_reduce", Layout(WORLD), (rows,), row_shape=ROW, dtype="bfloat16",
+                                  data="randn", seed=len(cases)))
+            for op in ("all_gather_v", "reduce_scatter_v"):
+                cases.append(Case(op, Layout(WORLD), _counts(WORLD, rows), row_shape=ROW, dtype="bfloat16",
+                                  data="randn", device_sizes=device_sizes, seed=len(cases)))
+            for lay in (Layout(WORLD), tp):
+                for op in ("gather_tokens", "scatter_tokens"):
+                    cases.append(Case(op, lay, _counts(lay.attn_dp, rows), row_shape=ROW, dtype="bfloat16",
+                                      data="randn", device_sizes=device_sizes, seed=len(cases)))
+    return cases
+
+
+def _poisoned_check(cases, table):
+    import hybridcomm.kernels as kernels
+
+    kernels.poison_outputs = True
+    try:
+        return check_cases(cases, "auto", "sums", table=table, max_sms=MAX_SMS)
+    finally:
+        close_communicators(MAX_SMS)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("table", ["one_shot", "two_shot", "lamport"])
+def test_grids_of_every_block_size_match_the_reference(pool, table):
+    cases = _cases()
+    per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
+    failures = failures_of(cases, per_rank)
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
