@@ -7,14 +7,17 @@ Rows of 8 KB (bf16 hidden 4096: 1024 LL lanes, 512 Lamport units) at counts that
 op's grid in every one of those bands; the counts are uneven, zeros included, and come from
 the host and from device memory (then the grid is sized by the buffers' capacity). Every case
 is compared bit for bit with the reference on random data, into outputs filled with a poison
-pattern first, so a lane that no thread of the smaller blocks covers shows.
+pattern first, so a lane that no thread of the smaller blocks covers shows. The same for the
+block formats of `quant_local` (csrc/lamport_quant_local.cu: the unquantized gather's grid, a
+unit a thread), against the reference quantizer.
 """
 
 import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, check_cases, close_communicators, failures_of
+from hybridcomm.check import Case, check_cases, close_communicators, communicator, failures_of
+from hybridcomm.quant.check import QuantCase, check_quant_cases
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -66,4 +69,42 @@ def test_grids_of_every_block_size_match_the_reference(pool, table):
     cases = _cases()
     per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
     failures = failures_of(cases, per_rank)
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+
+
+def _quant_cases() -> list[QuantCase]:
+    """quant_local's block formats (attention TP 2: partial rows), every band of ROWS."""
+    lay = Layout(WORLD, attn_tp=2)
+    return [QuantCase(Case("gather_tokens", lay, _counts(lay.attn_dp, rows), row_shape=ROW, dtype="bfloat16",
+                           data="randn", device_sizes=device_sizes, seed=i), fmt, scale_tensor=device_sizes)
+            for i, (rows, fmt, device_sizes) in enumerate(
+                (r, f, d) for r in ROWS for f in ("fp8_block128", "nvfp4") for d in (False, True))]
+
+
+def _poisoned_quant_check(qcases):
+    """Worker: per case, what is wrong (or ''), the digest of its bits, and the algorithm that ran."""
+    import hybridcomm.kernels as kernels
+
+    kernels.poison_outputs = True
+    try:
+        out = []
+        for q in qcases:
+            (detail, bits), = check_quant_cases([q], "auto", "quant_local", "all", max_sms=MAX_SMS)
+            ran = communicator(q.case.layout, "auto", "quant_local", max_sms=MAX_SMS).last_choice
+            out.append((detail, bits, (ran.backend, ran.algorithm) if ran else None))
+        return out
+    finally:
+        close_communicators(MAX_SMS)
+
+
+@pytest.mark.timeout(600)
+def test_quant_local_block_formats_on_every_block_size_match_the_reference_quantizer(pool):
+    qcases = _quant_cases()
+    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, qcases, timeout=600)
+    failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
+                for q, (detail, _, _) in zip(qcases, res) if detail]
+    failures += [f"rank {r}: {q.describe()}: ran {ran}" for r, res in enumerate(per_rank)
+                 for q, (_, _, ran) in zip(qcases, res) if ran != ("nvlink", "quant_local")]
+    failures += [f"{q.describe()}: ranks hold different bits" for i, q in enumerate(qcases)
+                 if len({res[i][1] for res in per_rank}) > 1]  # gather_tokens: every rank the same
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])

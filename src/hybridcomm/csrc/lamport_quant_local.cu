@@ -378,32 +378,33 @@ __global__ void __launch_bounds__(kThreads)
   end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
 }
 
-// The launch of one dtype and format: the unquantized gather's grid (a unit a thread) for the
-// block formats; for fp8 and fused rows a block a row, KU units a thread (an instance each, up
-// to kMaxQuantHidden: 16-bit rows 1408 units, fp32 2816).
+// The launch of one dtype and format: the unquantized gather's grid (a unit a thread, spread:
+// launch.cuh spread_grid) for the block formats; for fp8 and fused rows a block a row of full
+// blocks, KU units a thread (an instance each, up to kMaxQuantHidden: 16-bit rows 1408 units,
+// fp32 2816).
 template <typename T, int F, bool kFused>
 int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* in, const Fusion& fu,
                  const float* global_scale, const QuantOut& out, const RowsArg& io, int64_t hidden, int pdl,
                  cudaStream_t stream) {
   const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out.out_rows);
   const int64_t units = hidden * (int64_t)sizeof(T) / kLamportUnitBytes;  // a row's
-  const auto launch = [&](auto ku, int blocks, size_t smem) {
+  const auto launch = [&](auto ku, Grid grid, size_t smem) {
     constexpr int KU = decltype(ku)::value;
     return launch_kernel_smem(io.sizes.own ? lamport_quant_local<T, F, KU, true, kFused>
                                            : lamport_quant_local<T, F, KU, false, kFused>,
-                              blocks, kThreads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, fu, global_scale,
-                              out, io);
+                              grid.blocks, grid.threads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, fu,
+                              global_scale, out, io);
   };
   if constexpr (F != kQuantFp8 && !kFused) {
-    return launch(std::integral_constant<int, 1>{}, blocks_for(rows * units, *g), 0);
+    return launch(std::integral_constant<int, 1>{}, spread_grid(rows * units, *g), 0);
   } else {
-    const int blocks = (int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks);
+    const Grid grid{(int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks), kThreads};
     const size_t smem = quant_staging_bytes(hidden);
     const int64_t ku = ceil_div(units, kThreads);
-    if (ku <= 1) return launch(std::integral_constant<int, 1>{}, blocks, smem);
-    if (ku <= 2) return launch(std::integral_constant<int, 2>{}, blocks, smem);
-    if (ku <= 3) return launch(std::integral_constant<int, 3>{}, blocks, smem);
-    return launch(std::integral_constant<int, sizeof(T) == 4 ? 6 : 3>{}, blocks, smem);
+    if (ku <= 1) return launch(std::integral_constant<int, 1>{}, grid, smem);
+    if (ku <= 2) return launch(std::integral_constant<int, 2>{}, grid, smem);
+    if (ku <= 3) return launch(std::integral_constant<int, 3>{}, grid, smem);
+    return launch(std::integral_constant<int, sizeof(T) == 4 ? 6 : 3>{}, grid, smem);
   }
 }
 
