@@ -1,6 +1,7 @@
 """Nsight Compute profiles of our kernels at decode sizes, on the GPUs there are (2 or 4).
 
     python3 scripts/ncu_profile.py --out DIR [--world N] [--set full] [--cases WORDS] [--stalls] [--share-gpus]
+                                   [--hidden H]
 
 Spawns `world` ranks (NCCL); rank 0 runs under `ncu` with profiling off except around one
 call per case (cudaProfilerStart/Stop), so only that call's kernel is profiled; the other
@@ -55,15 +56,18 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     ("gather_tokens 512 tokens, DP, quant fp8 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "fp8"),
     ("gather_tokens 512 tokens, DP, quant nvfp4 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "nvfp4"),
     ("gather_tokens 512 tokens, DP, bf16 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512),
+    # quant_local (lamport_quant_local.cu) at TP: fp8 a block a row, nvfp4 a unit a thread (spread grid).
+    ("gather_tokens 1 token TP quant fp8 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "fp8"),
+    ("gather_tokens 1 token TP quant nvfp4 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "nvfp4"),
     # gather_tokens 256 tokens on dp2xtp2 hung under ncu's kernel replay on 4xH200 (2026-11-22,
     # cause not investigated); left out so the other profiles finish.
 ]
-HIDDEN = 4096
+HIDDEN = 4096  # the gathers' row width unless --hidden
 WARMUP = 20
 PEER_HEAD_START_S = 0.3  # rank 0 launches this long after its peers (see the module docstring)
 
 
-def _call(comm, op: str, size: int, device, quant: str | None = None):
+def _call(comm, op: str, size: int, device, quant: str | None = None, hidden: int = HIDDEN):
     import torch
 
     from hybridcomm.bench.quant import GLOBAL_SCALE
@@ -72,7 +76,7 @@ def _call(comm, op: str, size: int, device, quant: str | None = None):
         x = torch.randn(size // 2, dtype=torch.bfloat16, device=device)
         return lambda: comm.all_reduce(x)
     tokens = [size] * comm.layout.attn_dp
-    x = torch.randn(size, HIDDEN, dtype=torch.bfloat16, device=device)
+    x = torch.randn(size, hidden, dtype=torch.bfloat16, device=device)
     if quant:
         scale = GLOBAL_SCALE if quant == "nvfp4" else None
         return lambda: comm.gather_tokens(x, tokens, quant=quant, global_scale=scale)
@@ -87,7 +91,8 @@ def _cases(words: str | None) -> list:
     return [c for c in CASES if not words or any(w in c[0] for w in words.split(","))]
 
 
-def worker(rank: int, world: int, port: int, words: str | None = None, share_gpus: bool = False) -> None:
+def worker(rank: int, world: int, port: int, words: str | None = None, share_gpus: bool = False,
+           hidden: int = HIDDEN) -> None:
     import torch
     import torch.distributed as dist
 
@@ -111,7 +116,7 @@ def worker(rank: int, world: int, port: int, words: str | None = None, share_gpu
     for name, layout2, layout4, op, table, size, *quant in _cases(words):
         layout = hc.Layout.parse(layout2 if world == 2 else layout4)
         comm = hc.Communicator(layout, table=NAMED_TABLES[table], **budget)
-        call = _call(comm, op, size, device, *quant)
+        call = _call(comm, op, size, device, *quant, hidden=hidden)
         for _ in range(WARMUP):
             call()
         torch.cuda.synchronize()
@@ -143,11 +148,12 @@ def main() -> int:
                         help="only cases whose name contains one of these comma-separated words")
     parser.add_argument("--stalls", action="store_true", help="stall reasons per issued instruction, warm caches")
     parser.add_argument("--share-gpus", action="store_true", help="ranks share the GPUs (one is enough), over gloo")
+    parser.add_argument("--hidden", type=int, default=HIDDEN, help="row width of the gather cases")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args.worker, args.world, args.port, args.cases, args.share_gpus)
+        worker(args.worker, args.world, args.port, args.cases, args.share_gpus, args.hidden)
         return 0
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
     if not os.path.exists(ncu):
@@ -162,7 +168,7 @@ def main() -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     me = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--world", str(args.world),
-          "--port", str(port)] + (["--cases", args.cases] if args.cases else []) + \
+          "--port", str(port), "--hidden", str(args.hidden)] + (["--cases", args.cases] if args.cases else []) + \
         (["--share-gpus"] if args.share_gpus else [])
     what = STALLS if args.stalls else ["--set", args.set]
     profiled = [ncu, "--profile-from-start", "off", *what, "--target-processes", "application-only",
