@@ -194,6 +194,59 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
       [&] { return reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8; });
 }
 
+// The first word of a unit another block of this kernel writes with this call's flag as its second
+// word, once it carries that flag. Bounded like every wait: it stops when the group has aborted
+// or the call's deadline passed (the block being waited for is then itself stuck on a peer, and
+// records that peer's timeout); it records nothing itself.
+__device__ __forceinline__ uint32_t wait_tagged_word(const CallCtx& cx, const uint4* p) {
+  uint4 v;
+  int spins = 0;
+  for (;;) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    if (v.y == cx.flag) return v.x;
+    if ((++spins & (kPollsPerCheck - 1)) == 0 &&
+        (*(volatile uint32_t*)&cx.g.state[kAborted] || global_timer_ns() >= cx.deadline)) {
+      cx.aborted = true;
+      return 0u;
+    }
+  }
+}
+
+// fp8 rows split over blocks (a call of few rows wider than a block): block x works part
+// x % parts of output row x / parts, a unit a thread, as the block formats do; the row's max is
+// every part's block max. Each part publishes its max, tagged with the call's flag, in a 16-byte
+// unit of my own Lamport area of this slot (the area "from me", which the protocol never uses:
+// peers write only their own areas, the re-fill skips mine); every part of the row reads them
+// all (flag-tagged, so no re-fill and no reset: an older call's value carries an older flag). The
+// launcher splits only when every part has a block of its own, all resident at once, so a part
+// never waits for a block that has not started. A row's max is exact whatever the order, so the
+// bits are the unsplit row's.
+template <typename T, int KU>
+__device__ __forceinline__ void quantize_fp8_part(const LamportCall& lc, int tp, int od, int64_t j, int64_t o,
+                                                  int part, int parts, const EarlyUnits<KU>& in, int64_t units,
+                                                  float* warp_buf, const QuantOut& out) {
+  constexpr int kV = UnitQuant<T, kQuantFp8>::kValues;
+  const int64_t u = (int64_t)part * blockDim.x + threadIdx.x;
+  float v[kV];
+  my_unit<T, KU>(lc, tp, od, j, u, units, in, v);
+  const float part_max = block_max(max_abs(v), warp_buf);
+  uint4* maxima = lc.inbox(lc.cx.g.me) + o * parts;
+  if (threadIdx.x == 0)  // (even after a give-up: the row's other parts wait for it)
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(maxima + part),
+                 "r"(__float_as_uint(part_max)), "r"(lc.cx.flag), "r"(0u), "r"(0u)
+                 : "memory");
+  float a = 0.f;
+  if (threadIdx.x < parts) a = __uint_as_float(wait_tagged_word(lc.cx, maxima + threadIdx.x));
+  const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
+  if (o >= out.out_rows) return;
+  if (part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(out.scales)[o] = token.scale;
+  uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
+  if (u < units) store_codes<T, kQuantFp8>(v, token.inv, data, u);
+}
+
 // The block formats (a scale per kGroup units): every output unit summed and quantized, the
 // grid's threads one unit each in turn as the unquantized gather's receive loop (a block's
 // units are lanes of one warp: every lane of a warp takes part in each round, so the round
@@ -335,10 +388,12 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
 // KU: the units a thread sends (and sums) in a call whose grid is one block a row (fp8, fused),
 // else 1. kOwn: own-count mode (own_count.cuh): io.sizes.own is this DP group's count alone.
 // kFused: residual add + RMSNorm (fu), one DP group only.
+// parts > 0: fp8 rows split over that many blocks each (quantize_fp8_part; KU 1).
 template <typename T, int F, int KU, bool kOwn, bool kFused>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_local(GroupArgs g, const __grid_constant__ LamportArgs l, int tp, const uint4* __restrict__ in,
-                        Fusion fu, const float* __restrict__ global_scale_ptr, QuantOut out, RowsArg io) {
+                        Fusion fu, const float* __restrict__ global_scale_ptr, QuantOut out, RowsArg io,
+                        int parts) {
   extern __shared__ float4 staged_[];  // rows of several units a thread: each thread's values
   float* row = reinterpret_cast<float*>(staged_);
   __shared__ float warp_buf[kThreads / 32];
@@ -368,9 +423,18 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t r = blockIdx.x; r < rc.count(d); r += gridDim.x)  // (dp == 1: every row is my group's)
       quantize_fused_row<T, F, KU>(lc, tp, r, input, fu, row_units, io.in_rows, global_scale, row, warp_buf, out);
   } else if constexpr (F == kQuantFp8) {
-    for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
-      const int od = rc.holder(o, dp, 1);
-      quantize_fp8_row<T, KU>(lc, tp, od, o - rc.offset[od], o, input, row_units, row, warp_buf, out);
+    if (parts > 0) {  // a block a part: the launcher's grid has one for every part of every row
+      const int64_t o = blockIdx.x / parts;
+      if (o < rc.offset[dp]) {
+        const int od = rc.holder(o, dp, 1);
+        quantize_fp8_part<T, KU>(lc, tp, od, o - rc.offset[od], o, (int)(blockIdx.x % parts), parts, input,
+                                 row_units, warp_buf, out);
+      }
+    } else {
+      for (int64_t o = blockIdx.x; o < rc.offset[dp]; o += gridDim.x) {  // (uniform over the block)
+        const int od = rc.holder(o, dp, 1);
+        quantize_fp8_row<T, KU>(lc, tp, od, o - rc.offset[od], o, input, row_units, row, warp_buf, out);
+      }
     }
   } else {
     quantize_block_units<T, F, KU>(lc, tp, rc, dp, input, row_units, global_scale, out);
@@ -378,26 +442,49 @@ __global__ void __launch_bounds__(kThreads)
   end_lamport_call(lc, rc.max * row_units);  // group d's ranks each wrote rc.count(d) rows to me
 }
 
+// fp8 rows split over blocks (quantize_fp8_part): of spread_grid's block sizes, the smallest that
+// gives every part of every row a block of its own within max_blocks (all resident at once);
+// none (parts 0) where a row fits one full block, the parts do not fit, or their maxima do not
+// fit the area they are published in.
+struct SplitGrid {
+  Grid grid;
+  int parts;
+};
+
+inline SplitGrid split_fp8_grid(int64_t rows, int64_t units, const GroupArgs& g, const LamportArgs& l) {
+  if (rows < 1 || units <= kThreads) return SplitGrid{{0, 0}, 0};
+  for (int threads : kSpreadBlockThreads) {
+    const int64_t parts = ceil_div(units, threads);
+    if (rows * parts <= g.max_blocks && rows * parts * kLamportUnitBytes <= l.area_bytes)
+      return SplitGrid{{(int)(rows * parts), threads}, (int)parts};
+  }
+  return SplitGrid{{0, 0}, 0};
+}
+
 // The launch of one dtype and format: the unquantized gather's grid (a unit a thread, spread:
-// launch.cuh spread_grid) for the block formats; for fp8 and fused rows a block a row of full
-// blocks, KU units a thread (an instance each, up to kMaxQuantHidden: 16-bit rows 1408 units,
-// fp32 2816).
+// launch.cuh spread_grid) for the block formats; fp8 rows split over blocks where they can be
+// (split_fp8_grid), else, as fused rows, a block a row of full blocks, KU units a thread (an
+// instance each, up to kMaxQuantHidden: 16-bit rows 1408 units, fp32 2816).
 template <typename T, int F, bool kFused>
 int launch_local(const GroupArgs* g, const LamportArgs* l, int tp, const void* in, const Fusion& fu,
                  const float* global_scale, const QuantOut& out, const RowsArg& io, int64_t hidden, int pdl,
                  cudaStream_t stream) {
   const int64_t rows = grid_rows(io, g->nranks / tp, RowsSpan::kAll, out.out_rows);
   const int64_t units = hidden * (int64_t)sizeof(T) / kLamportUnitBytes;  // a row's
-  const auto launch = [&](auto ku, Grid grid, size_t smem) {
+  const auto launch = [&](auto ku, Grid grid, size_t smem, int parts = 0) {
     constexpr int KU = decltype(ku)::value;
     return launch_kernel_smem(io.sizes.own ? lamport_quant_local<T, F, KU, true, kFused>
                                            : lamport_quant_local<T, F, KU, false, kFused>,
                               grid.blocks, grid.threads, smem, stream, pdl, *g, *l, tp, (const uint4*)in, fu,
-                              global_scale, out, io);
+                              global_scale, out, io, parts);
   };
   if constexpr (F != kQuantFp8 && !kFused) {
     return launch(std::integral_constant<int, 1>{}, spread_grid(rows * units, *g), 0);
   } else {
+    if constexpr (!kFused) {
+      const SplitGrid split = split_fp8_grid(rows, units, *g, *l);
+      if (split.parts) return launch(std::integral_constant<int, 1>{}, split.grid, 0, split.parts);
+    }
     const Grid grid{(int)(rows < 1 ? 1 : rows < g->max_blocks ? rows : g->max_blocks), kThreads};
     const size_t smem = quant_staging_bytes(hidden);
     const int64_t ku = ceil_div(units, kThreads);
