@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with 2 or more GPUs, in one call: time kernel experiments (experiments/*.patch, or
 # the ones named) against main with `bench quant` (BENCHES adds `ops` and `transitions`), and run
-# the GPU tests they touch with each applied. Order: main, then each patch (applied, built, timed, tested, reverted), then main
-# again: two runs of one machine drift by a few percent, so a change counts only where it beats
+# the GPU tests they touch with each applied. Order: main, then each patch (applied, built,
+# timed, tested, reverted), then main again: two runs of one machine drift by a few percent, so a change counts only where it beats
 # both main runs (hybridcomm.bench.compare). Everything under $OUT/experiments/:
 #   main_1.json, main_2.json, NAME.json (bench quant), NAME_vs_main_1.md, NAME_vs_main_2.md
 #   (scripts/compare_results.py), NAME_tests.log, build and bench logs; with BENCHES="quant ops
@@ -59,8 +59,9 @@ for patch in "${patches[@]}"; do
     [ -f "$DIR/$name$suffix.json" ] || continue
     compare "main_1$suffix" "$name$suffix"; compare "main_2$suffix" "$name$suffix"
     echo "=== $name against main, $b (median ratio per impl, before then after):"
-    grep -A12 "^| impl | pairs" "$DIR/${name}${suffix}_vs_main_1$suffix.md" "$DIR/${name}${suffix}_vs_main_2$suffix.md" |
-      grep -E "hybridcomm|hc_"
+    for base in main_1 main_2; do
+      grep -A12 "^| impl | pairs" "$DIR/${name}${suffix}_vs_$base$suffix.md" | grep -E "hybridcomm|hc_"
+    done
   done
 done
 exit $status

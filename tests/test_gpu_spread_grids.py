@@ -65,7 +65,7 @@ def _poisoned_check(cases, table):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("table", ["one_shot", "two_shot", "lamport"])
+@pytest.mark.parametrize("table", ["one_shot", "two_shot", "bulk", "lamport"])
 def test_grids_of_every_block_size_match_the_reference(pool, table):
     cases = _cases()
     per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)

@@ -39,9 +39,9 @@ constexpr int kSpreadBlockThreads[] = {128, 256, kThreads};
 // there): against full blocks, the 1-8 token transitions mostly 0.70-0.90x (the Lamport DP
 // gather of 1 token 1.06x), the 32-128 KB ops 0.77-1.0x, 32 tokens and up unchanged; always
 // 128-thread blocks lost up to 3x from 16 tokens, where their grid was capped -- hence the
-// smallest size that fits, not the smallest. Work that
-// fits one full block stays one block: a single block skips end_call's fence, which on NVLink
-// waits for its stores to be acknowledged (call.cuh).
+// smallest size that fits, not the smallest. Work that fits one full block stays one block: a
+// single block skips end_call's fence, which on NVLink waits for its stores to be acknowledged
+// (call.cuh).
 inline Grid spread_grid(int64_t work, const GroupArgs& g) {
   if (work <= kThreads) return Grid{1, kThreads};
   for (int threads : kSpreadBlockThreads)
