@@ -265,3 +265,15 @@ def test_nan_rows_are_unsupported_but_never_the_sentinel(fmt):
     x[3, :] = float("nan")
     q = quantize(x, fmt, torch.tensor([448.0]) if FORMATS[fmt].needs_global_scale else None)
     assert not (_wire_words(q) == SENTINEL).any()
+
+
+def test_bench_quant_sizes_its_buffers_for_the_imbalanced_case():
+    """bench quant with balanced counts below transitions.IMBALANCED: the imbalanced case's busy
+    rank still fits (its buffers were once sized by the largest balanced count: 16 tokens asked
+    for, 64 cut from a buffer of 16 -- a shape error on one rank, a PeerTimeout on the other)."""
+    from hybridcomm.bench.quant import capacity_tokens
+    from hybridcomm.bench.transitions import IMBALANCED
+
+    assert capacity_tokens(["dp2", "tp2"], [1, 4, 16]) == IMBALANCED
+    assert capacity_tokens(["tp2"], [1, 4, 16]) == 16  # one DP group: no imbalanced case
+    assert capacity_tokens(["dp2"], [1, 256]) == 256

@@ -141,6 +141,12 @@ def _calls_per_graph(impl: str, counts: list[int], hidden: int) -> int:
     return min(n, NCCL_CALLS_PER_GRAPH) if impl.startswith("nccl") else n
 
 
+def capacity_tokens(layout_names: list[str], tokens: list[int]) -> int:
+    """The most tokens a DP rank has in any case of the sweep: the imbalanced case's one busy rank
+    (transitions.IMBALANCED) included, which may exceed every balanced count asked for."""
+    return max(max(counts) for name in layout_names for _, counts in token_cases(Layout.parse(name), tokens))
+
+
 def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
                 capacity: tuple[int, int] | None = None, share_gpus: bool = False) -> dict:
     """Worker entry (every rank). capacity: (tokens, hidden) to size the buffers and workspaces
@@ -148,7 +154,7 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
     share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
-    max_tokens, max_hidden = capacity or (max(tokens), max(hiddens))
+    max_tokens, max_hidden = capacity or (capacity_tokens(layout_names, tokens), max(hiddens))
     symm, plain = _buffers(max_tokens * dist.get_world_size() * max_hidden * DTYPE.itemsize, device, share_gpus)
     area = 2 * max_tokens * max_hidden * DTYPE.itemsize + (1 << 20)  # LL: 2x the largest bf16 rows
     for name in layout_names:
@@ -189,8 +195,8 @@ def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], toke
         for layout in layouts:
             for hidden in hiddens:
                 start = time.monotonic()
-                piece = pool.run(sweep_quant, [layout], formats, [hidden], tokens, (max(tokens), max(hiddens)),
-                                 share_gpus, timeout=timeout_s)[0]
+                piece = pool.run(sweep_quant, [layout], formats, [hidden], tokens,
+                                 (capacity_tokens(layouts, tokens), max(hiddens)), share_gpus, timeout=timeout_s)[0]
                 results = {**piece, "records": results.get("records", []) + piece["records"]}
                 print(f"[quant] {layout} hidden {hidden}: {time.monotonic() - start:.0f} s", file=sys.stderr,
                       flush=True)
