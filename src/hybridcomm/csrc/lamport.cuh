@@ -49,17 +49,11 @@ namespace hc {
 
 // A unit to a peer's area (nothing once aborted: CallCtx).
 __device__ __forceinline__ void put_unit(const CallCtx& cx, uint4* dst, uint4 v) {
-  if (cx.aborted) return;
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
-               : "memory");
+  if (!cx.aborted) store_unit_volatile(dst, v);
 }
 
 __device__ __forceinline__ bool try_get_unit(const uint4* src, uint4& v) {
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(src)
-               : "memory");
+  v = load_unit_volatile(src);
   return v.x != kSentinelWord && v.y != kSentinelWord && v.z != kSentinelWord && v.w != kSentinelWord;
 }
 

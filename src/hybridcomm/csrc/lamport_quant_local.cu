@@ -199,13 +199,9 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
 // or the call's deadline passed (the block being waited for is then itself stuck on a peer, and
 // records that peer's timeout); it records nothing itself.
 __device__ __forceinline__ uint32_t wait_tagged_word(const CallCtx& cx, const uint4* p) {
-  uint4 v;
   int spins = 0;
   for (;;) {
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
+    const uint4 v = load_unit_volatile(p);
     if (v.y == cx.flag) return v.x;
     if ((++spins & (kPollsPerCheck - 1)) == 0 &&
         (*(volatile uint32_t*)&cx.g.state[kAborted] || global_timer_ns() >= cx.deadline)) {
@@ -235,9 +231,7 @@ __device__ __forceinline__ void quantize_fp8_part(const LamportCall& lc, int tp,
   const float part_max = block_max(max_abs(v), warp_buf);
   uint4* maxima = lc.inbox(lc.cx.g.me) + o * parts;
   if (threadIdx.x == 0)  // (even after a give-up: the row's other parts wait for it)
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(maxima + part),
-                 "r"(__float_as_uint(part_max)), "r"(lc.cx.flag), "r"(0u), "r"(0u)
-                 : "memory");
+    store_unit_volatile(maxima + part, make_uint4(__float_as_uint(part_max), lc.cx.flag, 0u, 0u));
   float a = 0.f;
   if (threadIdx.x < parts) a = __uint_as_float(wait_tagged_word(lc.cx, maxima + threadIdx.x));
   const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
@@ -423,7 +417,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t r = blockIdx.x; r < rc.count(d); r += gridDim.x)  // (dp == 1: every row is my group's)
       quantize_fused_row<T, F, KU>(lc, tp, r, input, fu, row_units, io.in_rows, global_scale, row, warp_buf, out);
   } else if constexpr (F == kQuantFp8) {
-    if (parts > 0) {  // a block a part: the launcher's grid has one for every part of every row
+    if (KU == 1 && parts > 0) {  // a block a part (the launcher's grid has one for every part of every row)
       const int64_t o = blockIdx.x / parts;
       if (o < rc.offset[dp]) {
         const int od = rc.holder(o, dp, 1);
