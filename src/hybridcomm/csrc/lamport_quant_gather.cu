@@ -11,7 +11,7 @@
 //
 //   phase 0 (partial rows, tp > 1): unchanged from quant_gather.cu: LL lanes to the owner
 //           (replicated: to every tp peer), in LL area 0.
-//   per row (one block): in registers (fused: staged), one lane quantized per thread; even
+//   per row (a row team): in registers (fused: staged), one lane quantized per thread; even
 //           threads of the owner put a unit (their lane and the next thread's), the scale
 //           lanes go as 8-byte unit halves; my copy stored.
 //   phase 1: every rank waits for the units of the rows it did not quantize and stores them.
@@ -192,12 +192,13 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
                                 own_count);
     const WireUnits w = wire_units<Fmt>(hidden, out_data, out_scales, out_rows);
     const int mode = row_mode(weight != nullptr, partial, tp);
-    const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_units);
+    const RowPlan plan = row_plan(mode, algorithm, tp, partial);
+    const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode), w.wire_units);
     status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
-      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks,
-                                kThreads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op, algorithm, tp, partial,
-                                (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
-                                eps, global_scale, w, io);
+      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>,
+                                grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op,
+                                algorithm, tp, partial, (const uint2*)in, (const uint2*)residual,
+                                (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);
     });
   }));
   return status;

@@ -6,10 +6,10 @@
 //
 //   phase 0 (partial rows, tp > 1): lanes of a row go to its owner, or (replicated: the one-hop
 //           algorithm, fused rows) to every tp peer; they are summed in tp order.
-//   per row (one block): fp32 values rounded once to T (after the fused add + RMSNorm, in
-//           gather_tokens.cu's order), in registers (fused: through shared memory); quantized
-//           by the owner -- replicated, by every tp rank of the group, each keeping its copy --
-//           and pushed by the owner.
+//   per row (a row team: quant_rows.cuh): fp32 values rounded once to T (after the fused
+//           add + RMSNorm, in gather_tokens.cu's order), in registers (fused: through shared
+//           memory); quantized by the owner -- replicated, by every tp rank of the group, each
+//           keeping its copy -- and pushed by the owner.
 //   phase 1: every rank copies the wire rows it did not quantize into data / scales.
 //
 // Device-side counts, capacity checks and bounded waits as in gather_tokens.cu.
@@ -128,10 +128,11 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
                                 own_count);
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
     const int mode = row_mode(weight != nullptr, partial, tp);
-    const int blocks = quant_blocks(io, *g, tp, row_plan(mode, algorithm, tp, partial).every_row, w.wire_lanes);
+    const RowPlan plan = row_plan(mode, algorithm, tp, partial);
+    const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode), w.wire_lanes);
     status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
-      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, blocks, kThreads,
-                                quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,
+      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, grid.blocks,
+                                grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,
                                 (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
                                 eps, global_scale, w, io);
     });

@@ -85,7 +85,7 @@ struct RowPlan {
   bool reduce;         // partial rows summed over tp first (phase 0)
   bool replicated;     // every tp rank sums and quantizes every row of its DP group (top of the file)
   bool every_row;      // a rank stages every row of its DP group (fused, replicated), else its chunk
-  bool from_row_zero;  // a block's first row is row blockIdx.x: loaded before arrive() (early_row_input)
+  bool from_row_zero;  // a team's first row is row row_team(): loaded before arrive() (early_row_input)
 };
 
 __host__ __device__ __forceinline__ RowPlan row_plan(int mode, int algorithm, int tp, int partial) {
@@ -107,8 +107,28 @@ __device__ __forceinline__ void for_each_receiver(const CallCtx& cx, const Token
   });
 }
 
+// -- a row team ----------------------------------------------------------------------------------
+// A row is worked by a team of kThreads consecutive threads of the grid: one block, or, where
+// splits_rows allows, 2 or 4 blocks of 256 or 128 threads (quant_grid), so that a call of few
+// rows spreads over more SMs (launch.cuh spread_grid: why that pays). Team row_team() works rows
+// first + row_team(), then row_teams() on; its thread row_thread() holds the data lanes below.
+__device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t row_team() { return team_grid_thread() / kThreads; }
+__device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / kThreads; }
+__device__ __forceinline__ int row_thread() { return (int)(team_grid_thread() % kThreads); }
+
+// Whether a call's teams may span several blocks: plain rows (no sum over tp, no norm: nothing
+// that a block a row shares through shared memory) of a block format, whose scales come from
+// one warp's lanes. Not fp8, whose scale is the whole row's max: each block of a split team read
+// the row's whole input for it, and that lost more than the split saved (run 55 of
+// results/shared_1xH100: 0.84-0.96x at 1 and 16 tokens; experiments/fp8_row_teams.patch).
+template <int F>
+inline bool splits_rows(int mode) {
+  return mode == kRowsPlain && QuantTraits<F>::kBlock != 0;
+}
+
 // -- a row in registers ----------------------------------------------------------------------------
-// Thread x of the block holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
+// Thread x of the team holds data lanes x + k * kThreads (k < KL <= kLanesPerThread: every
 // hidden size up to kMaxQuantHidden) of the row it works on: their input as loaded, then their
 // fp32 values. Kernels are instantiated per KL = ceil(data lanes / kThreads)
 // (with_lanes_per_thread): a thread's registers hold no lane a row cannot have (the kernels
@@ -124,7 +144,7 @@ template <int F>
 constexpr int kLanesPerThread = (kMaxQuantHidden / QuantTraits<F>::kPerLane + kThreads - 1) / kThreads;
 
 // Data lane k of this thread (k < KL).
-__device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)threadIdx.x + (int64_t)k * kThreads; }
+__device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)row_thread() + (int64_t)k * kThreads; }
 
 // The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded.
 template <typename T, int F, int KL>
@@ -246,8 +266,9 @@ __device__ __forceinline__ uint2 scale_lane_at(int64_t l, uint32_t scale_bits) {
 // data lanes K*i .. K*i + K - 1 (zeros past data_lanes; K = 2: the partner lane comes from the
 // next thread by a shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale
 // lanes s < scale_lanes (8 bytes each; zeros past the row's scale bytes). One block max for fp8
-// (the token's amax); the block formats' scales come from shuffles. Every thread of the block
-// calls this (block max, shuffles); no barrier follows the emits.
+// (the token's amax; its team is one block); the block formats' scales come from shuffles, in
+// warps of the row's consecutive lanes. Every thread of the team calls this (block max,
+// shuffles); no barrier follows the emits.
 template <int F, int K, int KL, typename EmitData, typename EmitScale>
 __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int64_t data_lanes, int64_t scale_lanes,
                                                   float global_scale, float* warp_buf, EmitData emit_data,
@@ -301,8 +322,8 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
-// `early`: row blockIdx.x's lanes of this thread, loaded before arrive() (early_row_input: lane
-// threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]).
+// `early`: row row_team()'s lanes of this thread, loaded before arrive() (early_row_input: lane
+// threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]). A team of one block.
 template <typename T, int F, int KL>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
                                           const uint2* __restrict__ in, const RowInput<T, F, KL>& early,
@@ -311,8 +332,8 @@ __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s
                                           float* warp_buf) {
   using In = RowInput<T, F, KL>;
   constexpr int kN = Lane<T>::kN;
-  // (fused, every row of the group is staged: the block's first row is r == blockIdx.x)
-  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == blockIdx.x;
+  // (fused, every row of the group is staged: the team's first row is r == row_team())
+  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == row_team();
   float sumsq = 0.f;
   int m = 0;  // (kThreads == blockDim.x)
   for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x, ++m) {
@@ -371,7 +392,7 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
   }
 }
 
-// Replicated, not fused: my partial input lanes of row blockIdx.x (my block's first row), from the
+// Replicated, not fused: my partial input lanes of row row_team() (my team's first row), from the
 // registers early_row_input loaded them into, to every tp peer (LL area 0, at send_partial_lanes'
 // lane indices), right after arrive(). Through shared memory (`staging`, the unfused kernels'
 // unused row buffer), so that a warp's stores cover consecutive lanes: stored from the registers
@@ -380,7 +401,7 @@ template <typename T, int F, int KL>
 __device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenShape& s, const RowInput<T, F, KL>& x,
                                                int64_t data_lanes, uint2* staging) {
   using In = RowInput<T, F, KL>;
-  const int64_t r = blockIdx.x;
+  const int64_t r = row_team();  // (a team of one block)
   if (r >= s.rc.count(s.d)) return;  // (uniform over the block)
 #pragma unroll
   for (int k = 0; k < KL; ++k) {
@@ -403,9 +424,9 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
                                                               bool fused, const RowsArg& io, int64_t data_lanes) {
   using In = RowInput<T, F, KL>;
   if (!from_row_zero) return In{};
-  if (!fused) return load_row_input<T, F, KL>(in, blockIdx.x, io, data_lanes);
+  if (!fused) return load_row_input<T, F, KL>(in, row_team(), io, data_lanes);
   In x;
-  const int64_t r = blockIdx.x;
+  const int64_t r = row_team();  // (a team of one block)
 #pragma unroll
   for (int m = 0; m < KL * In::kIn; ++m) {
     const int64_t l = (int64_t)threadIdx.x + (int64_t)m * kThreads;
@@ -415,9 +436,9 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
 }
 
 // Phase 0 and the rows of both kernels: my partial lanes sent (reduce; replicated and not fused,
-// each block's first row from its registers), then one block per row I stage -- every row of my
-// group when fused (the residual output) or replicated, else my chunk -- and send(r, x, owned)
-// for each row I quantize (called by the whole block, x: my lanes' values; owned: the row is in
+// each team's first row from its registers), then one row team per row I stage -- every row of
+// my group when fused (the residual output) or replicated, else my chunk -- and send(r, x, owned)
+// for each row I quantize (called by the whole team, x: my lanes' values; owned: the row is in
 // my chunk): the rows I own, and replicated every row of my group. `next`: early_row_input's.
 // learn(): between the partial lanes and the rows, every thread (own-count mode: the others'
 // counts, which place my rows in the output; own_count.cuh); after a failed exchange my rows
@@ -436,16 +457,17 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
-  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + blockIdx.x, io, data_lanes);
+  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + row_team(), io, data_lanes);
   if (reduce && !fused && replicated) {  // my first row from registers, the rest (more rows than blocks) loaded
     push_first_row<T, F, KL>(cx, s, next, data_lanes, reinterpret_cast<uint2*>(row));
-    send_partial_lanes(cx, s, true, in, io.in_lanes(), gridDim.x);
+    send_partial_lanes(cx, s, true, in, io.in_lanes(), row_teams());
   } else if (reduce) {
     send_partial_lanes(cx, s, replicated, in, io.in_lanes(), 0);
   }
   learn();
   if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
-  for (int64_t r = first + blockIdx.x; r < last; r += gridDim.x) {
+  const int64_t teams = row_teams();
+  for (int64_t r = first + row_team(); r < last; r += teams) {
     const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
     if (fused) {
       stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
@@ -455,7 +477,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
       if (owned || replicated) send(r, x, owned);  // uniform over the block
     } else {
       const RowInput<T, F, KL> input = next;
-      if (r + gridDim.x < last) next = load_row_input<T, F, KL>(in, r + gridDim.x, io, data_lanes);
+      if (r + teams < last) next = load_row_input<T, F, KL>(in, r + teams, io, data_lanes);
       send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes), owned);
     }
   }
@@ -530,24 +552,34 @@ int with_kernel_instance(int64_t data_lanes, int mode, Launch launch) {
                                   [&](auto kl) { return with_row_mode(mode, [&](auto m) { return launch(kl, m); }); });
 }
 
-// Both launchers' grid: at least one block per row a rank stages (a block works its rows one
-// after another; every row of the DP group when it stages them all, else a 1/tp chunk), and enough threads for
-// one wire item (lane or unit) each of the rows it receives -- all but its own chunk, where the
-// counts are on the host (one block at 1 token: no count of blocks at the end, end_call) --
-// at most one block per SM (blocks_for).
-inline int quant_blocks(const RowsArg& io, const GroupArgs& g, int tp, bool every_row, int64_t items_per_row) {
+// Both launchers' grid: at least one row team per row a rank stages (a team works its rows one
+// after another; every row of the DP group when it stages them all, else a 1/tp chunk), and
+// enough threads for one wire item (lane or unit) each of the rows it receives -- all but its
+// own chunk, where the counts are on the host -- at most one block per SM (blocks_for). Where
+// teams may be split (`split`: splits_rows) the smallest of spread_grid's block sizes whose grid
+// fits max_blocks, a team being kThreads / threads blocks (row_team); else full blocks.
+// What the split saves, measured: docs/quantization.md ("Row teams").
+inline Grid quant_grid(const RowsArg& io, const GroupArgs& g, int tp, const RowPlan& plan, bool split,
+                       int64_t items_per_row) {
   const int dp = g.nranks / tp;
   const int64_t largest = grid_rows(io, dp, RowsSpan::kLargest, io.in_rows);
-  const int64_t staged = every_row ? largest : ceil_div(largest, tp);
+  const int64_t staged = plan.every_row ? largest : ceil_div(largest, tp);
   int64_t received = grid_rows(io, dp, RowsSpan::kAll, io.out_rows);
   if (!io.sizes.device && !io.sizes.own) {  // my chunk (chunk_begin's cut) is not received
     const int64_t group = io.sizes.host[g.me / tp] > 0 ? io.sizes.host[g.me / tp] : 0, t = g.me % tp;
     const int64_t chunk = group * (t + 1) / tp - group * t / tp;
     received = received > chunk ? received - chunk : 0;
   }
+  const int64_t items = received * items_per_row, teams = staged > 1 ? staged : 1;
+  for (int threads : kSpreadBlockThreads) {
+    if (!split || threads == kThreads) break;
+    const int64_t parts = kThreads / threads, by_items = ceil_div(items, threads);
+    const int64_t blocks = parts * ceil_div(teams * parts > by_items ? teams * parts : by_items, parts);
+    if (blocks <= g.max_blocks) return Grid{(int)blocks, threads};
+  }
   const int by_rows = (int)(staged < g.max_blocks ? staged : g.max_blocks);
-  const int by_items = blocks_for(received * items_per_row, g);
-  return by_rows > by_items ? by_rows : by_items;
+  const int by_items = blocks_for(items, g);
+  return Grid{by_rows > by_items ? by_rows : by_items, kThreads};
 }
 
 // The launchers' argument check (both take an algorithm, a hidden size, a tp, for nvfp4 a

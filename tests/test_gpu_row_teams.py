@@ -1,0 +1,111 @@
+"""GPU tests of the quantized gathers' row teams (csrc/quant_rows.cuh quant_grid): plain rows
+(attention TP 1, or replicated rows) of the block formats (fp8_block128, nvfp4) are worked by
+teams of 512 threads that span 4 blocks of 128 or 2 of 256 threads when the grid fits the SM
+budget that way, else by full blocks; fp8 rows always by full blocks (splits_rows). With
+max_sms=16 the counts below put each kernel (`quant` on LL, `quant_lamport`) in every band.
+
+What a split team could get wrong: a lane that no block of the team covers (outputs are
+poisoned first), a scale lane formed across a team's blocks, the next row's prefetch, a team
+index past the rows. Every case is compared bit for bit with the reference quantizer applied to
+the reference gather, on random data, uneven counts with zeros, host and device counts; rows of
+4096 and 7168 (two data lanes a thread for fp8_block128) and 1040 (nvfp4 rows of 65 lanes, not
+a whole number of warps); bf16, fp16 and fp32. fp8 runs beside them: its whole-block path under
+the new team indices.
+"""
+
+import pytest
+
+from conftest import gpu_count, needs_gpus
+from hybridcomm import Layout
+from hybridcomm.check import Case, close_communicators, communicator
+from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_replay_check
+
+pytestmark = [pytest.mark.gpu, needs_gpus(2)]
+
+WORLD = 4 if gpu_count() >= 4 else 2
+MAX_SMS = 16
+# Largest counts: a team of 4 x 128 threads (1-3 rows), of 2 x 256 (6), full blocks (12, 40).
+ROWS = (1, 3, 6, 12, 40)
+ALGORITHM = {"quant_ll": "quant", "lamport": "quant_lamport"}
+
+
+def _counts(n: int, rows: int) -> tuple[int, ...]:
+    """n counts whose largest is rows: uneven; of more than two members the last has none, of two
+    the second has rows // 2 (none at 1 row)."""
+    return tuple(rows if i == 0 else (rows // (i + 1) if i < n - 1 or n == 2 else 0) for i in range(n))
+
+
+def _shapes() -> list[tuple[str, int, str, tuple[int, ...]]]:
+    """(format, hidden, dtype, largest counts)."""
+    shapes = [(fmt, 4096, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128", "nvfp4")]
+    shapes += [(fmt, 7168, "bfloat16", (1, 3, 6)) for fmt in ("fp8", "fp8_block128", "nvfp4")]
+    shapes += [(fmt, 1040, "bfloat16", (1, 6)) for fmt in ("fp8", "nvfp4")]
+    shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8_block128", "nvfp4") for dtype in ("float16", "float32")]
+    return shapes
+
+
+def _quant_cases() -> list[QuantCase]:
+    """Plain rows: gather_tokens on DP, gather_tokens of replicated rows on attention TP 2, and
+    all_gather_v; each shape at each of its counts, host and device counts."""
+    layouts = [("gather_tokens", Layout(WORLD), True), ("gather_tokens", Layout(WORLD, attn_tp=2), False),
+               ("all_gather_v", Layout(WORLD), True)]
+    cases = []
+    for fmt, hidden, dtype, counts in _shapes():
+        for op, lay, partial in layouts:
+            n = lay.attn_dp if op == "gather_tokens" else WORLD
+            for rows in counts:
+                for device_sizes in (False, True):
+                    case = Case(op, lay, _counts(n, rows), row_shape=(hidden,), dtype=dtype, data="randn",
+                                partial=partial, device_sizes=device_sizes, seed=len(cases))
+                    cases.append(QuantCase(case, fmt, scale_tensor=device_sizes))
+    return cases
+
+
+def _poisoned_quant_check(qcases, table):
+    """Worker: per case, what is wrong (or ''), the digest of its bits, and the algorithm that ran."""
+    import hybridcomm.kernels as kernels
+
+    kernels.poison_outputs = True
+    try:
+        out = []
+        for q in qcases:
+            (detail, bits), = check_quant_cases([q], "auto", table, "all", max_sms=MAX_SMS)
+            ran = communicator(q.case.layout, "auto", table, max_sms=MAX_SMS).last_choice
+            out.append((detail, bits, (ran.backend, ran.algorithm) if ran else None))
+        return out
+    finally:
+        close_communicators(MAX_SMS)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("table", sorted(ALGORITHM))
+def test_plain_rows_on_split_and_whole_teams_match_the_reference_quantizer(pool, table):
+    qcases = _quant_cases()
+    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, qcases, table, timeout=900)
+    failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
+                for q, (detail, _, _) in zip(qcases, res) if detail]
+    failures += [f"rank {r}: {q.describe()}: ran {ran}" for r, res in enumerate(per_rank)
+                 for q, (_, _, ran) in zip(qcases, res) if ran != ("nvlink", ALGORITHM[table])]
+    failures += [f"{q.describe()}: ranks hold different bits" for i, q in enumerate(qcases)
+                 if q.case.op == "gather_tokens" and len({res[i][1] for res in per_rank}) > 1]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("own_counts", [False, True], ids=["all-counts", "own-count"])
+@pytest.mark.parametrize("table", sorted(ALGORITHM))
+@pytest.mark.parametrize("fmt", ["fp8_block128", "nvfp4"])
+def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_counts):
+    """One graph of a split team's grid (capacity 2 rows a DP group: 4 x 128-thread blocks a
+    row), replayed with random counts of 0-2 rows per group and fresh data."""
+    lay = Layout(WORLD)
+    case = Case("gather_tokens", lay, (1,) * lay.attn_dp, row_shape=(4096,), dtype="bfloat16", data="randn",
+                device_sizes=True)
+    per_rank = pool(WORLD, "cuda").run(quant_replay_check, QuantCase(case, fmt), 8, 2, 5, table, own_counts,
+                                       timeout=600)
+    failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res["failures"]]
+    failures += [f"rank {r}: ran {res['ran']}" for r, res in enumerate(per_rank)
+                 if res["ran"] != f"nvlink/{ALGORITHM[table]}"]
+    assert not failures, "\n".join(failures[:20])
+    for it in range(8):  # every rank holds the same gathered bits
+        assert len({res["digests"][it] for res in per_rank}) == 1, f"replay {it}"
