@@ -49,6 +49,8 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     ("gather_tokens 1 token, DP", "dp2", "dp4", "gather_tokens", "auto", 1),
     ("gather_tokens 1 token, DP, quant fp8 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 1, "fp8"),
     ("gather_tokens 1 token, DP, quant nvfp4 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 1, "nvfp4"),
+    ("gather_tokens 16 tokens, DP, quant fp8 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 16, "fp8"),
+    ("gather_tokens 16 tokens, DP, quant nvfp4 LL", "dp2", "dp4", "gather_tokens", "quant_ll", 16, "nvfp4"),
     ("gather_tokens 1 token, TP, quant fp8 one hop", "tp2", "dp2xtp2", "gather_tokens", "quant_one_hop", 1, "fp8"),
     # The quantized gathers on Lamport (lamport_quant_gather.cu): a row per block at 128 tokens,
     # several rows per block at 512; bf16 Lamport at 512 beside them.
