@@ -1,16 +1,17 @@
 """GPU tests of the quantized gathers' row teams (csrc/quant_rows.cuh quant_grid): plain rows
-(attention TP 1, or replicated rows) of the block formats (fp8_block128, nvfp4) are worked by
-teams of 512 threads that span 4 blocks of 128 or 2 of 256 threads when the grid fits the SM
-budget that way, else by full blocks; fp8 rows always by full blocks (splits_rows). With
+(attention TP 1, or replicated rows) of the block formats (fp8_block128, nvfp4), and of fp8 up
+to 8 KB of input a row, are worked by teams of 512 threads that span 4 blocks of 128 or 2 of 256
+threads when the grid fits the SM budget that way, else by full blocks (splits_rows). With
 max_sms=16 the counts below put each kernel (`quant` on LL, `quant_lamport`) in every band.
 
 What a split team could get wrong: a lane that no block of the team covers (outputs are
-poisoned first), a scale lane formed across a team's blocks, the next row's prefetch, a team
-index past the rows. Every case is compared bit for bit with the reference quantizer applied to
-the reference gather, on random data, uneven counts with zeros, host and device counts; rows of
-4096 and 7168 (two data lanes a thread for fp8_block128) and 1040 (nvfp4 rows of 65 lanes, not
-a whole number of warps); bf16, fp16 and fp32. fp8 runs beside them: its whole-block path under
-the new team indices.
+poisoned first), an fp8 row's max taken over less than the whole row (each block of the team
+takes it over its share of the row's input), a scale lane formed across a team's blocks, the
+next row's prefetch, a team index past the rows. Every case is compared bit for bit with the
+reference quantizer applied to the reference gather, on random data, uneven counts with zeros,
+host and device counts; rows of 4096, 7168 (two data lanes a thread for fp8 and fp8_block128;
+fp8 not split there) and 1040 (nvfp4 rows of 65 lanes, not a whole number of warps); bf16,
+fp16 and fp32 (fp8 in fp32: split at 2048, whole at 4096).
 """
 
 import pytest
@@ -40,7 +41,8 @@ def _shapes() -> list[tuple[str, int, str, tuple[int, ...]]]:
     shapes = [(fmt, 4096, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128", "nvfp4")]
     shapes += [(fmt, 7168, "bfloat16", (1, 3, 6)) for fmt in ("fp8", "fp8_block128", "nvfp4")]
     shapes += [(fmt, 1040, "bfloat16", (1, 6)) for fmt in ("fp8", "nvfp4")]
-    shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8_block128", "nvfp4") for dtype in ("float16", "float32")]
+    shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8", "fp8_block128", "nvfp4") for dtype in ("float16", "float32")]
+    shapes += [("fp8", 2048, "float32", (1, 3))]
     return shapes
 
 
@@ -94,7 +96,7 @@ def test_plain_rows_on_split_and_whole_teams_match_the_reference_quantizer(pool,
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("own_counts", [False, True], ids=["all-counts", "own-count"])
 @pytest.mark.parametrize("table", sorted(ALGORITHM))
-@pytest.mark.parametrize("fmt", ["fp8_block128", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block128", "nvfp4"])
 def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_counts):
     """One graph of a split team's grid (capacity 2 rows a DP group: 4 x 128-thread blocks a
     row), replayed with random counts of 0-2 rows per group and fresh data."""

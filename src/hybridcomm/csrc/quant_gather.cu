@@ -129,7 +129,7 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
     const WireRows w = wire_rows<Fmt>(hidden, out_data, out_scales, out_rows);
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
-    const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode), w.wire_lanes);
+    const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_lanes);
     status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
       return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, grid.blocks,
                                 grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,

@@ -116,15 +116,23 @@ __device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blo
 __device__ __forceinline__ int64_t row_team() { return team_grid_thread() / kThreads; }
 __device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / kThreads; }
 __device__ __forceinline__ int row_thread() { return (int)(team_grid_thread() % kThreads); }
+__device__ __forceinline__ bool team_split() { return blockDim.x < kThreads; }
+
+// fp8 rows of a split team: each block takes the row's max (the token's scale) itself, over the
+// row's whole input -- each thread its share, lanes threadIdx.x + j * blockDim.x, j < kShareLoads
+// -- so that no block waits for another. The share is loaded with the thread's own lanes
+// (load_row_input): for a team's first row before arrive(), its latency hidden by the prologue's.
+// Loaded after the row's values instead, it lost more than the split saved (run 55 of
+// results/shared_1xH100; experiments/fp8_row_teams.patch). Rows of at most kShareLoads x 128
+// input lanes: 16-bit rows up to hidden 4096 (one data lane a thread).
+constexpr int kShareLoads = 8;
 
 // Whether a call's teams may span several blocks: plain rows (no sum over tp, no norm: nothing
-// that a block a row shares through shared memory) of a block format, whose scales come from
-// one warp's lanes. Not fp8, whose scale is the whole row's max: each block of a split team read
-// the row's whole input for it, and that lost more than the split saved (run 55 of
-// results/shared_1xH100: 0.84-0.96x at 1 and 16 tokens; experiments/fp8_row_teams.patch).
+// that a block a row shares through shared memory) of a block format (its scales come from one
+// warp's lanes), or of fp8 whose row fits one share (above).
 template <int F>
-inline bool splits_rows(int mode) {
-  return mode == kRowsPlain && QuantTraits<F>::kBlock != 0;
+inline bool splits_rows(int mode, int64_t row_lanes) {
+  return mode == kRowsPlain && (QuantTraits<F>::kBlock != 0 || row_lanes <= kShareLoads * kSpreadBlockThreads[0]);
 }
 
 // -- a row in registers ----------------------------------------------------------------------------
@@ -146,11 +154,14 @@ constexpr int kLanesPerThread = (kMaxQuantHidden / QuantTraits<F>::kPerLane + kT
 // Data lane k of this thread (k < KL).
 __device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)row_thread() + (int64_t)k * kThreads; }
 
-// The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded.
+// The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded; an fp8 row of
+// one lane a thread also the thread's share of the whole row's input (a split team: kShareLoads).
 template <typename T, int F, int KL>
 struct RowInput {
   static constexpr int kK = KL, kIn = QuantTraits<F>::kPerLane / Lane<T>::kN;
+  static constexpr int kShare = F == kQuantFp8 && KL == 1 ? kShareLoads : 0;
   uint2 raw[kK][kIn];
+  uint2 share[kShare > 0 ? kShare : 1];
 };
 
 // Row r of `in` (zeros at in_rows and beyond, and past data_lanes): the input of my data lanes.
@@ -166,14 +177,39 @@ __device__ __forceinline__ RowInput<T, F, KL> load_row_input(const uint2* __rest
 #pragma unroll
     for (int j = 0; j < In::kIn; ++j) x.raw[k][j] = ok ? in[r * io.row_lanes + l * In::kIn + j] : make_uint2(0, 0);
   }
+  if constexpr (In::kShare > 0) {
+    if (!team_split()) return x;
+#pragma unroll
+    for (int j = 0; j < In::kShare; ++j) {
+      const int64_t i = (int64_t)threadIdx.x + (int64_t)j * blockDim.x;
+      x.share[j] = r < io.in_rows && i < io.row_lanes ? in[r * io.row_lanes + i] : make_uint2(0, 0);
+    }
+  }
   return x;
 }
 
-// The fp32 values of a thread's data lanes (zeros past the row's).
+// The largest |value| of a split team's fp8 row over this thread's share (load_row_input): the
+// block max of these is the row's max, exact, so the row has the bits of a row of one block.
+template <typename T, int F, int KL>
+__device__ __forceinline__ float share_amax(const RowInput<T, F, KL>& x) {
+  float a = 0.f;
+#pragma unroll
+  for (int j = 0; j < RowInput<T, F, KL>::kShare; ++j) {
+    float v[4];
+    Lane<T>::unpack(x.share[j], v);
+#pragma unroll
+    for (int e = 0; e < Lane<T>::kN; ++e) a = fmaxf(a, fabsf(v[e]));
+  }
+  return a;
+}
+
+// The fp32 values of a thread's data lanes (zeros past the row's). `others`: of a split team's
+// fp8 row, the largest |value| of the thread's share of the whole row (share_amax), else 0.
 template <int F, int KL>
 struct RowValues {
   static constexpr int kK = KL, kN = QuantTraits<F>::kPerLane;
   float v[kK][kN];
+  float others = 0.f;
 };
 
 // My input lanes' values: summed over tp (reduce: the partial lanes of my DP group's other tp
@@ -266,9 +302,9 @@ __device__ __forceinline__ uint2 scale_lane_at(int64_t l, uint32_t scale_bits) {
 // data lanes K*i .. K*i + K - 1 (zeros past data_lanes; K = 2: the partner lane comes from the
 // next thread by a shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale
 // lanes s < scale_lanes (8 bytes each; zeros past the row's scale bytes). One block max for fp8
-// (the token's amax; its team is one block); the block formats' scales come from shuffles, in
-// warps of the row's consecutive lanes. Every thread of the team calls this (block max,
-// shuffles); no barrier follows the emits.
+// (the token's amax; with x.others, the whole row's when the team is split); the block formats'
+// scales come from shuffles, in warps of the row's consecutive lanes. Every thread of the team
+// calls this (block max, shuffles); no barrier follows the emits.
 template <int F, int K, int KL, typename EmitData, typename EmitScale>
 __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int64_t data_lanes, int64_t scale_lanes,
                                                   float global_scale, float* warp_buf, EmitData emit_data,
@@ -284,7 +320,7 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
   }
   Fp8Scale token{0.f, 0.f};
   if constexpr (F == kQuantFp8) {
-    float a = amax[0];
+    float a = fmaxf(x.others, amax[0]);
 #pragma unroll
     for (int k = 1; k < kK; ++k) a = fmaxf(a, amax[k]);
     token = fp8_scale(block_max(a, warp_buf));
@@ -478,7 +514,11 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
     } else {
       const RowInput<T, F, KL> input = next;
       if (r + teams < last) next = load_row_input<T, F, KL>(in, r + teams, io, data_lanes);
-      send(r, row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes), owned);
+      RowValues<F, KL> x = row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes);
+      if constexpr (RowInput<T, F, KL>::kShare > 0) {
+        if (!reduce && team_split()) x.others = share_amax(input);  // (a split team: plain rows)
+      }
+      send(r, x, owned);
     }
   }
 }
