@@ -122,9 +122,9 @@ __device__ __forceinline__ bool team_split() { return blockDim.x < kThreads; }
 // row's whole input -- each thread its share, lanes threadIdx.x + j * blockDim.x, j < kShareLoads
 // -- so that no block waits for another. The share is loaded with the thread's own lanes
 // (load_row_input): for a team's first row before arrive(), its latency hidden by the prologue's.
-// Loaded after the row's values instead, it lost more than the split saved (run 55 of
-// results/shared_1xH100; experiments/fp8_row_teams.patch). Rows of at most kShareLoads x 128
-// input lanes: 16-bit rows up to hidden 4096 (one data lane a thread).
+// Loaded after the row's values instead, it lost more than the split saved (runs 55-56 of
+// results/shared_1xH100, fp8_row_teams_late_reread.patch there). Rows of at most kShareLoads x
+// 128 input lanes: 16-bit rows up to hidden 4096 (one data lane a thread).
 constexpr int kShareLoads = 8;
 
 // Whether a call's teams may span several blocks: plain rows (no sum over tp, no norm: nothing
