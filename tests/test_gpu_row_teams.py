@@ -12,12 +12,16 @@ reference quantizer applied to the reference gather, on random data, uneven coun
 host and device counts; rows of 4096, 7168 (two data lanes a thread for fp8 and fp8_block128;
 fp8 not split there) and 1040 (nvfp4 rows of 65 lanes, not a whole number of warps); bf16,
 fp16 and fp32 (fp8 in fp32: split at 2048, whole at 4096).
+
+The largest hidden size (abi.MAX_QUANT_HIDDEN, 11264: three data lanes a thread for the fp8
+formats, two for nvfp4) runs in every row mode -- plain, reduced over attention TP, fused with
+the norm --: the kernel instances of the most lanes a thread, which no other test reaches.
 """
 
 import pytest
 
 from conftest import gpu_count, needs_gpus
-from hybridcomm import Layout
+from hybridcomm import Layout, abi
 from hybridcomm.check import Case, close_communicators, communicator
 from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_replay_check
 
@@ -111,3 +115,23 @@ def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_coun
     assert not failures, "\n".join(failures[:20])
     for it in range(8):  # every rank holds the same gathered bits
         assert len({res["digests"][it] for res in per_rank}) == 1, f"replay {it}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("table", sorted(ALGORITHM))
+def test_the_largest_hidden_size_in_every_row_mode(pool, table):
+    """hidden = abi.MAX_QUANT_HIDDEN (the most data lanes a thread): every format, DP rows and,
+    on attention TP 2, partial, replicated and fused rows, host and device counts."""
+    hidden, cases = abi.MAX_QUANT_HIDDEN, []
+    dp, tp = Layout(WORLD), Layout(WORLD, attn_tp=2)
+    variants = [(dp, True, False), (tp, True, False), (tp, False, False), (tp, True, True)]
+    for fmt in ("fp8", "fp8_block128", "nvfp4"):
+        for lay, partial, fused in variants:
+            for device_sizes in (False, True):
+                case = Case("gather_tokens", lay, _counts(lay.attn_dp, 3), row_shape=(hidden,), dtype="bfloat16",
+                            data="randn", partial=partial, fused=fused, device_sizes=device_sizes, seed=len(cases))
+                cases.append(QuantCase(case, fmt, scale_tensor=device_sizes))
+    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, cases, table, timeout=600)
+    failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
+                for q, (detail, _, _) in zip(cases, res) if detail]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
