@@ -45,7 +45,8 @@ def _shapes() -> list[tuple[str, int, str, tuple[int, ...]]]:
     shapes = [(fmt, 4096, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128", "nvfp4")]
     shapes += [(fmt, 7168, "bfloat16", (1, 3, 6)) for fmt in ("fp8", "fp8_block128", "nvfp4")]
     shapes += [(fmt, 1040, "bfloat16", (1, 6)) for fmt in ("fp8", "nvfp4")]
-    shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8", "fp8_block128", "nvfp4") for dtype in ("float16", "float32")]
+    shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8", "fp8_block128", "nvfp4")
+               for dtype in ("float16", "float32")]
     shapes += [("fp8", 2048, "float32", (1, 3))]
     return shapes
 
