@@ -13,25 +13,13 @@ from conftest import gpu_count, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator
 from hybridcomm.quant import FORMATS
-from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_cases, quant_replay_check
+from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 
 def _world() -> int:
     return 4 if gpu_count() >= 4 else 2
-
-
-def _poisoned(qcases, backend, exact, table="auto"):
-    """Worker: check_quant_cases on poisoned outputs, and per case the backend/algorithm that ran."""
-    import hybridcomm.kernels as kernels
-    kernels.poison_outputs = True
-    results, ran = [], []
-    for q in qcases:
-        results += check_quant_cases([q], backend, table, exact)
-        choice = communicator(q.case.layout, backend, table).last_choice
-        ran.append(f"{choice.backend}/{choice.algorithm}" if choice else "")
-    return results, ran
 
 
 def _members(q: QuantCase) -> int:
@@ -41,17 +29,17 @@ def _members(q: QuantCase) -> int:
 def _run(pool, qcases, backend="auto", exact="own_norm", table="auto", algorithm=None):
     """algorithm: the nvlink algorithm every case of a group of several ranks must have run."""
     world = _world()
-    per_rank = pool(world, "cuda").run(_poisoned, qcases, backend, exact, table, timeout=600)
-    failures = [f"rank {r}: {q.describe()}: {d}" for r, (res, _) in enumerate(per_rank)
-                for q, (d, _) in zip(qcases, res) if d]
+    per_rank = pool(world, "cuda").run(check_poisoned_quant_cases, qcases, backend, table, exact, timeout=600)
+    failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
+                for q, (d, _, _) in zip(qcases, res) if d]
     if algorithm is not None:
-        failures += [f"rank {r}: {q.describe()}: ran {a}" for r, (_, ran) in enumerate(per_rank)
-                     for q, a in zip(qcases, ran) if a != f"nvlink/{algorithm}" and _members(q) > 1]
+        failures += [f"rank {r}: {q.describe()}: ran {a}" for r, res in enumerate(per_rank)
+                     for q, (_, _, a) in zip(qcases, res) if a != f"nvlink/{algorithm}" and _members(q) > 1]
     for i, q in enumerate(qcases):
         lay = q.case.layout
         group = "world" if q.case.op == "gather_tokens" else q.case.group
         for members in {lay.group_ranks(group, r) for r in range(world)}:
-            if len({per_rank[r][0][i][1] for r in members}) > 1:
+            if len({per_rank[r][i][1] for r in members}) > 1:
                 failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 

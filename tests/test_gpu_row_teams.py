@@ -22,8 +22,8 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout, abi
-from hybridcomm.check import Case, close_communicators, communicator
-from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_replay_check
+from hybridcomm.check import Case
+from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -68,31 +68,16 @@ def _quant_cases() -> list[QuantCase]:
     return cases
 
 
-def _poisoned_quant_check(qcases, table):
-    """Worker: per case, what is wrong (or ''), the digest of its bits, and the algorithm that ran."""
-    import hybridcomm.kernels as kernels
-
-    kernels.poison_outputs = True
-    try:
-        out = []
-        for q in qcases:
-            (detail, bits), = check_quant_cases([q], "auto", table, "all", max_sms=MAX_SMS)
-            ran = communicator(q.case.layout, "auto", table, max_sms=MAX_SMS).last_choice
-            out.append((detail, bits, (ran.backend, ran.algorithm) if ran else None))
-        return out
-    finally:
-        close_communicators(MAX_SMS)
-
-
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("table", sorted(ALGORITHM))
 def test_plain_rows_on_split_and_whole_teams_match_the_reference_quantizer(pool, table):
     qcases = _quant_cases()
-    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, qcases, table, timeout=900)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_quant_cases, qcases, "auto", table, "all", MAX_SMS,
+                                       timeout=900)
     failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
                 for q, (detail, _, _) in zip(qcases, res) if detail]
     failures += [f"rank {r}: {q.describe()}: ran {ran}" for r, res in enumerate(per_rank)
-                 for q, (_, _, ran) in zip(qcases, res) if ran != ("nvlink", ALGORITHM[table])]
+                 for q, (_, _, ran) in zip(qcases, res) if ran != f"nvlink/{ALGORITHM[table]}"]
     failures += [f"{q.describe()}: ranks hold different bits" for i, q in enumerate(qcases)
                  if q.case.op == "gather_tokens" and len({res[i][1] for res in per_rank}) > 1]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
@@ -132,7 +117,8 @@ def test_the_largest_hidden_size_in_every_row_mode(pool, table):
                 case = Case("gather_tokens", lay, _counts(lay.attn_dp, 3), row_shape=(hidden,), dtype="bfloat16",
                             data="randn", partial=partial, fused=fused, device_sizes=device_sizes, seed=len(cases))
                 cases.append(QuantCase(case, fmt, scale_tensor=device_sizes))
-    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, cases, table, timeout=600)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_quant_cases, cases, "auto", table, "all", MAX_SMS,
+                                       timeout=600)
     failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
                 for q, (detail, _, _) in zip(cases, res) if detail]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])

@@ -17,8 +17,8 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, check_cases, close_communicators, communicator, failures_of
-from hybridcomm.quant.check import QuantCase, check_quant_cases, quant_replay_check
+from hybridcomm.check import Case, check_cases, close_communicators, failures_of
+from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -91,30 +91,15 @@ def _quant_cases() -> list[QuantCase]:
                 (f, sh, dt, r, d) for f, sh, dt, rs in shapes for r in rs for d in (False, True))]
 
 
-def _poisoned_quant_check(qcases):
-    """Worker: per case, what is wrong (or ''), the digest of its bits, and the algorithm that ran."""
-    import hybridcomm.kernels as kernels
-
-    kernels.poison_outputs = True
-    try:
-        out = []
-        for q in qcases:
-            (detail, bits), = check_quant_cases([q], "auto", "quant_local", "all", max_sms=MAX_SMS)
-            ran = communicator(q.case.layout, "auto", "quant_local", max_sms=MAX_SMS).last_choice
-            out.append((detail, bits, (ran.backend, ran.algorithm) if ran else None))
-        return out
-    finally:
-        close_communicators(MAX_SMS)
-
-
 @pytest.mark.timeout(600)
 def test_quant_local_on_every_block_size_and_split_rows_match_the_reference_quantizer(pool):
     qcases = _quant_cases()
-    per_rank = pool(WORLD, "cuda").run(_poisoned_quant_check, qcases, timeout=600)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_quant_cases, qcases, "auto", "quant_local", "all", MAX_SMS,
+                                       timeout=600)
     failures = [f"rank {r}: {q.describe()}: {detail}" for r, res in enumerate(per_rank)
                 for q, (detail, _, _) in zip(qcases, res) if detail]
     failures += [f"rank {r}: {q.describe()}: ran {ran}" for r, res in enumerate(per_rank)
-                 for q, (_, _, ran) in zip(qcases, res) if ran != ("nvlink", "quant_local")]
+                 for q, (_, _, ran) in zip(qcases, res) if ran != "nvlink/quant_local"]
     failures += [f"{q.describe()}: ranks hold different bits" for i, q in enumerate(qcases)
                  if len({res[i][1] for res in per_rank}) > 1]  # gather_tokens: every rank the same
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
