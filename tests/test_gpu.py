@@ -13,7 +13,7 @@ import torch
 
 from conftest import gpu_count, needs_gpus, needs_nccl
 from hybridcomm import Layout
-from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of, replay_check
+from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -24,13 +24,7 @@ MAIN_LAYOUTS = ([Layout(4, attn_tp=2), Layout(4), Layout(4, attn_tp=4)] if WORLD
 MIXED_LAYOUT = Layout(4, attn_tp=2, moe_tp=2) if WORLD == 4 else Layout(2, attn_tp=2, moe_tp=2)
 
 
-def _poisoned_check(cases, backend, exact, table):
-    import hybridcomm.kernels as kernels
-    kernels.poison_outputs = True
-    return check_cases(cases, backend, exact, table=table)
-
-
-def _run(pool, cases, backend="auto", exact="sums", table="auto", worker=_poisoned_check):
+def _run(pool, cases, backend="auto", exact="sums", table="auto", worker=check_poisoned_cases):
     per_rank = pool(WORLD, "cuda").run(worker, cases, backend, exact, table, timeout=600)
     failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
@@ -81,11 +75,11 @@ def test_nccl_backend_matches_the_oracle_within_tolerance(pool):
 
 
 def _closing_check(cases, backend, exact, table):
-    """_poisoned_check, then the communicators of `backend` closed: nccl_symm's registered
+    """check_poisoned_cases, then the communicators of `backend` closed: nccl_symm's registered
     windows are released on every rank at this same point, not at process exit."""
     import hybridcomm.check as check
 
-    outcomes = _poisoned_check(cases, backend, exact, table)
+    outcomes = check_poisoned_cases(cases, backend, exact, table)
     torch.cuda.synchronize()
     for key in [k for k in check._communicators if k[1] == backend]:
         check._communicators.pop(key).close()

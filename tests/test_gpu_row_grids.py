@@ -14,7 +14,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, check_cases, failures_of
+from hybridcomm.check import Case, check_poisoned_cases, failures_of
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -42,16 +42,10 @@ def _cases() -> list[Case]:
     return cases
 
 
-def _poisoned_check(cases, table):
-    import hybridcomm.kernels as kernels
-    kernels.poison_outputs = True
-    return check_cases(cases, "auto", "sums", table=table)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("table", ["one_shot", "lamport"])
 def test_row_kernels_sized_by_their_counts_match_the_reference(pool, table):
     cases = _cases()
-    per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_cases, cases, "auto", "sums", table, timeout=600)
     failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout
-from hybridcomm.check import Case, check_cases, close_communicators, failures_of
+from hybridcomm.check import Case, check_poisoned_cases, failures_of
 from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
@@ -54,21 +54,11 @@ def _cases() -> list[Case]:
     return cases
 
 
-def _poisoned_check(cases, table):
-    import hybridcomm.kernels as kernels
-
-    kernels.poison_outputs = True
-    try:
-        return check_cases(cases, "auto", "sums", table=table, max_sms=MAX_SMS)
-    finally:
-        close_communicators(MAX_SMS)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("table", ["one_shot", "two_shot", "bulk", "lamport"])
 def test_grids_of_every_block_size_match_the_reference(pool, table):
     cases = _cases()
-    per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_cases, cases, "auto", "sums", table, MAX_SMS, timeout=600)
     failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import gpu_count, needs_gpus
 from hybridcomm import Layout, algorithms
-from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of, replay_check
+from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -22,14 +22,8 @@ TRANSITIONS = ("gather_tokens", "scatter_tokens")
 HIDDEN = 4096
 
 
-def _poisoned_check(cases, table):
-    import hybridcomm.kernels as kernels
-    kernels.poison_outputs = True  # rows a kernel forgets to write stay NaN
-    return check_cases(cases, "auto", "sums", table=table)
-
-
 def _run(pool, cases, table):
-    per_rank = pool(WORLD, "cuda").run(_poisoned_check, cases, table, timeout=600)
+    per_rank = pool(WORLD, "cuda").run(check_poisoned_cases, cases, "auto", "sums", table, timeout=600)
     failures = failures_of(cases, per_rank)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 

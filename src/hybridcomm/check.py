@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -326,6 +327,28 @@ def check_cases(cases: list[Case], backend: str, exact: str, validate: bool = Fa
         comm = communicator(case.layout, backend, table, validate, max_sms)
         outcomes.append(run_case(comm, case, comm.device, exact))
     return outcomes
+
+
+@contextmanager
+def poisoned_outputs(max_sms: int | None = None):
+    """Our kernels' outputs filled with a poison pattern before each op (kernels.poison_outputs),
+    so that a row no thread writes shows; with max_sms, that budget's communicators closed at the
+    end."""
+    from . import kernels
+
+    kernels.poison_outputs = True
+    try:
+        yield
+    finally:
+        if max_sms is not None:
+            close_communicators(max_sms)
+
+
+def check_poisoned_cases(cases: list[Case], backend: str = "auto", exact: str = "sums", table: str = "auto",
+                         max_sms: int | None = None) -> list[Outcome]:
+    """Worker entry (CUDA): check_cases under poisoned_outputs."""
+    with poisoned_outputs(max_sms):
+        return check_cases(cases, backend, exact, table=table, max_sms=max_sms)
 
 
 def replay_sizes(rng: random.Random, count: int, capacity: int, it: int) -> list[int]:

@@ -134,8 +134,9 @@ __global__ void __launch_bounds__(kThreads)
   LamportCall lc = begin_lamport_call(g, l, op);
   const RowPlan plan = row_plan(M, algorithm, tp, partial);  // (quant_gather.cu: why the weight decides M)
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
-  const RowInput<T, F, KL> early =
-      early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
+  constexpr bool kSplits = M == kRowsPlain;  // (splits_rows: only plain rows' teams may split)
+  const RowInput<T, F, KL, kSplits> early =
+      early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   const bool own = io.sizes.own != nullptr;
   TokenShape s = quant_token_shape(lc, tp, plan.reduce, own ? counted<true>(io, g.me / tp) : io, w.wire_units);
@@ -146,7 +147,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t width = (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(plan.fused, plan.replicated) << 24;
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
   if (own) publish_own_count(lc.cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL>(lc.cx, s, plan, in, residual, weight, residual_out, eps, io,
+  stage_my_rows<T, F, KL, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
                           [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {

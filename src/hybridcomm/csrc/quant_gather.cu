@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(kThreads)
   // rank with no rows has a null pointer, so it cannot tell).
   const RowPlan plan = row_plan(M, algorithm, tp, partial);
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
-  const RowInput<T, F, KL> early =
-      early_row_input<T, F, KL>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
+  constexpr bool kSplits = M == kRowsPlain;  // (splits_rows: only plain rows' teams may split)
+  const RowInput<T, F, KL, kSplits> early =
+      early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   const bool own = io.sizes.own != nullptr;
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(plan.fused, plan.replicated),
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
   if (own) publish_own_count(cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL>(cx, s, plan, in, residual, weight, residual_out, eps, io,
+  stage_my_rows<T, F, KL, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, io,
                           w.out.data_lanes, early, row, warp_buf,
                           [&] { if (own) learn_counts(cx, io, tp, s.rc); },
                           [&](int64_t r, const RowValues<F, KL>& x, bool owned) {

@@ -154,21 +154,23 @@ constexpr int kLanesPerThread = (kMaxQuantHidden / QuantTraits<F>::kPerLane + kT
 // Data lane k of this thread (k < KL).
 __device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)row_thread() + (int64_t)k * kThreads; }
 
-// The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded; an fp8 row of
-// one lane a thread also the thread's share of the whole row's input (a split team: kShareLoads).
-template <typename T, int F, int KL>
+// The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded; in an instance
+// whose teams may split (S: plain rows), an fp8 row of one lane a thread also holds the thread's
+// share of the whole row's input (kShareLoads). Not in the others: their registers would carry a
+// share they never load (the reduced fp8 rows of fp32 started to spill with it).
+template <typename T, int F, int KL, bool S>
 struct RowInput {
   static constexpr int kK = KL, kIn = QuantTraits<F>::kPerLane / Lane<T>::kN;
-  static constexpr int kShare = F == kQuantFp8 && KL == 1 ? kShareLoads : 0;
+  static constexpr int kShare = S && F == kQuantFp8 && KL == 1 ? kShareLoads : 0;
   uint2 raw[kK][kIn];
   uint2 share[kShare > 0 ? kShare : 1];
 };
 
 // Row r of `in` (zeros at in_rows and beyond, and past data_lanes): the input of my data lanes.
-template <typename T, int F, int KL>
-__device__ __forceinline__ RowInput<T, F, KL> load_row_input(const uint2* __restrict__ in, int64_t r, const RowsArg& io,
-                                                         int64_t data_lanes) {
-  using In = RowInput<T, F, KL>;
+template <typename T, int F, int KL, bool S>
+__device__ __forceinline__ RowInput<T, F, KL, S> load_row_input(const uint2* __restrict__ in, int64_t r,
+                                                            const RowsArg& io, int64_t data_lanes) {
+  using In = RowInput<T, F, KL, S>;
   In x;
 #pragma unroll
   for (int k = 0; k < In::kK; ++k) {
@@ -190,11 +192,11 @@ __device__ __forceinline__ RowInput<T, F, KL> load_row_input(const uint2* __rest
 
 // The largest |value| of a split team's fp8 row over this thread's share (load_row_input): the
 // block max of these is the row's max, exact, so the row has the bits of a row of one block.
-template <typename T, int F, int KL>
-__device__ __forceinline__ float share_amax(const RowInput<T, F, KL>& x) {
+template <typename T, int F, int KL, bool S>
+__device__ __forceinline__ float share_amax(const RowInput<T, F, KL, S>& x) {
   float a = 0.f;
 #pragma unroll
-  for (int j = 0; j < RowInput<T, F, KL>::kShare; ++j) {
+  for (int j = 0; j < RowInput<T, F, KL, S>::kShare; ++j) {
     float v[4];
     Lane<T>::unpack(x.share[j], v);
 #pragma unroll
@@ -215,10 +217,10 @@ struct RowValues {
 // My input lanes' values: summed over tp (reduce: the partial lanes of my DP group's other tp
 // ranks arrive in LL area 0, summed in tp order and rounded once to T, as stage_row does), or
 // as they are. Row r of my group; `x` its input, loaded by load_row_input.
-template <typename T, int F, int KL>
+template <typename T, int F, int KL, bool S>
 __device__ __forceinline__ RowValues<F, KL> row_values(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
-                                                       RowInput<T, F, KL> x, int64_t data_lanes) {
-  using In = RowInput<T, F, KL>;
+                                                       RowInput<T, F, KL, S> x, int64_t data_lanes) {
+  using In = RowInput<T, F, KL, S>;
   constexpr int kN = Lane<T>::kN;
   if (reduce) {
     // One wait at a time, in a loop that is not unrolled: one copy of the wait's code (unrolled,
@@ -360,13 +362,13 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
 // the reference's result is.
 // `early`: row row_team()'s lanes of this thread, loaded before arrive() (early_row_input: lane
 // threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]). A team of one block.
-template <typename T, int F, int KL>
+template <typename T, int F, int KL, bool S>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
-                                          const uint2* __restrict__ in, const RowInput<T, F, KL>& early,
+                                          const uint2* __restrict__ in, const RowInput<T, F, KL, S>& early,
                                           const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                                           uint2* __restrict__ residual_out, float eps, const RowsArg& io, float* row,
                                           float* warp_buf) {
-  using In = RowInput<T, F, KL>;
+  using In = RowInput<T, F, KL, S>;
   constexpr int kN = Lane<T>::kN;
   // (fused, every row of the group is staged: the team's first row is r == row_team())
   const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == row_team();
@@ -433,10 +435,10 @@ __device__ __forceinline__ void send_partial_lanes(const CallCtx& cx, const Toke
 // lane indices), right after arrive(). Through shared memory (`staging`, the unfused kernels'
 // unused row buffer), so that a warp's stores cover consecutive lanes: stored from the registers
 // directly (consecutive threads' lanes kIn apart), 16-token TP2 calls took 10.0 us, not 8.0.
-template <typename T, int F, int KL>
-__device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenShape& s, const RowInput<T, F, KL>& x,
+template <typename T, int F, int KL, bool S>
+__device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenShape& s, const RowInput<T, F, KL, S>& x,
                                                int64_t data_lanes, uint2* staging) {
-  using In = RowInput<T, F, KL>;
+  using In = RowInput<T, F, KL, S>;
   const int64_t r = row_team();  // (a team of one block)
   if (r >= s.rc.count(s.d)) return;  // (uniform over the block)
 #pragma unroll
@@ -455,12 +457,12 @@ __device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenSha
 // staged: from_row_zero; else stage_my_rows loads it, at my chunk's first row). Rows not fused:
 // my data lanes (load_row_input); fused: the lanes stage_row reads, threadIdx.x + m * kThreads
 // (m < KL * kIn: the row has KL * kIn * kThreads lanes at most), in raw[m / kIn][m % kIn].
-template <typename T, int F, int KL>
-__device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __restrict__ in, bool from_row_zero,
-                                                              bool fused, const RowsArg& io, int64_t data_lanes) {
-  using In = RowInput<T, F, KL>;
+template <typename T, int F, int KL, bool S>
+__device__ __forceinline__ RowInput<T, F, KL, S> early_row_input(const uint2* __restrict__ in, bool from_row_zero,
+                                                                 bool fused, const RowsArg& io, int64_t data_lanes) {
+  using In = RowInput<T, F, KL, S>;
   if (!from_row_zero) return In{};
-  if (!fused) return load_row_input<T, F, KL>(in, row_team(), io, data_lanes);
+  if (!fused) return load_row_input<T, F, KL, S>(in, row_team(), io, data_lanes);
   In x;
   const int64_t r = row_team();  // (a team of one block)
 #pragma unroll
@@ -482,18 +484,18 @@ __device__ __forceinline__ RowInput<T, F, KL> early_row_input(const uint2* __res
 // Not fused, a row is loaded into registers while the previous one is quantized and sent; fused,
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
 // lanes strided by the block).
-template <typename T, int F, int KL, typename Learn, typename Send>
+template <typename T, int F, int KL, bool S, typename Learn, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, const RowPlan& plan,
                                               const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                               float eps, const RowsArg& io, int64_t data_lanes,
-                                              RowInput<T, F, KL> next, float* row, float* warp_buf, Learn learn,
+                                              RowInput<T, F, KL, S> next, float* row, float* warp_buf, Learn learn,
                                               Send send) {
   const int64_t rows = s.rc.count(s.d);
   const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
-  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL>(in, first + row_team(), io, data_lanes);
+  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL, S>(in, first + row_team(), io, data_lanes);
   if (reduce && !fused && replicated) {  // my first row from registers, the rest (more rows than blocks) loaded
     push_first_row<T, F, KL>(cx, s, next, data_lanes, reinterpret_cast<uint2*>(row));
     send_partial_lanes(cx, s, true, in, io.in_lanes(), row_teams());
@@ -512,10 +514,10 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
       __syncthreads();  // read: the next row may be staged
       if (owned || replicated) send(r, x, owned);  // uniform over the block
     } else {
-      const RowInput<T, F, KL> input = next;
-      if (r + teams < last) next = load_row_input<T, F, KL>(in, r + teams, io, data_lanes);
+      const RowInput<T, F, KL, S> input = next;
+      if (r + teams < last) next = load_row_input<T, F, KL, S>(in, r + teams, io, data_lanes);
       RowValues<F, KL> x = row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes);
-      if constexpr (RowInput<T, F, KL>::kShare > 0) {
+      if constexpr (RowInput<T, F, KL, S>::kShare > 0) {
         if (!reduce && team_split()) x.others = share_amax(input);  // (a split team: plain rows)
       }
       send(r, x, owned);

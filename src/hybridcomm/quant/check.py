@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..check import (Case, _with_spare, capture, close_communicators, communicator, digest, expected,
-                     fusion_inputs, member_input, replay_sizes)
+from ..check import (Case, _with_spare, capture, communicator, digest, expected, fusion_inputs, member_input,
+                     poisoned_outputs, replay_sizes)
 from ..layout import Layout
 from .formats import E2M1_MAX, E4M3_MAX, FORMATS
 from .reference import quantize
@@ -172,23 +172,15 @@ def check_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str
 
 def check_poisoned_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str = "auto",
                                exact: str = "all", max_sms: int | None = None) -> list[tuple[str, str, str]]:
-    """Worker entry (CUDA): check_quant_cases into outputs filled with a poison pattern first
-    (kernels.poison_outputs), so that a row no thread writes shows; per case (what is wrong or
-    '', the digest of its bits, "backend/algorithm" that ran or ''). With max_sms, that budget's
-    communicators are closed afterwards."""
-    from .. import kernels
-
-    kernels.poison_outputs = True
-    try:
-        out = []
+    """Worker entry (CUDA): check_quant_cases under poisoned_outputs; per case (what is wrong or
+    '', the digest of its bits, "backend/algorithm" that ran or '')."""
+    out = []
+    with poisoned_outputs(max_sms):
         for q in qcases:
             (detail, bits), = check_quant_cases([q], backend, table, exact, max_sms=max_sms)
             ran = communicator(q.case.layout, backend, table, max_sms=max_sms).last_choice
             out.append((detail, bits, f"{ran.backend}/{ran.algorithm}" if ran else ""))
-        return out
-    finally:
-        if max_sms is not None:
-            close_communicators(max_sms)
+    return out
 
 
 def quant_replay_check(template: QuantCase, replays: int, capacity: int, seed: int = 0, table: str = "auto",
