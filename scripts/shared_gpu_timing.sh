@@ -7,7 +7,7 @@
 #   bash scripts/shared_gpu_timing.sh [PATCH ...]     (no patch: main twice, to see the drift)
 # Under $OUT/shared_timing/: NAME_BENCH.json / .md, NAME_vs_main_N_BENCH.md (scripts/compare_results.py)
 # and a log per step. WORLD (2), BENCHES (ops transitions quant), SIZES, TOKENS, LAYOUTS, HIDDEN and
-# QUANTS (the quantized gathers': 4096; fp8,nvfp4) narrow it.
+# QUANTS (the quantized gathers': 4096; fp8,nvfp4) and COUNTS (bench quant --counts: host) narrow it.
 # The device tool brings back only so many files: give OUT a folder of the checkout and tar it into
 # the tool's $OUT. Build the patched libraries beforehand (`hybridcomm build --arch 90a`, XDG_CACHE_HOME
 # set) and carry the cache: on the device each build costs ~100 s of device time. NVLink multicast
@@ -19,7 +19,7 @@ DIR="${OUT:-results/shared-timing-run}/shared_timing"
 mkdir -p "$DIR"
 WORLD=${WORLD:-2}; BENCHES=${BENCHES:-ops transitions quant}
 SIZES=${SIZES:-2K,32K,512K,4M}; TOKENS=${TOKENS:-1,16,128,512}; LAYOUTS=${LAYOUTS:-dp2,tp2}; HIDDEN=${HIDDEN:-4096}
-QUANTS=${QUANTS:-fp8,nvfp4}
+QUANTS=${QUANTS:-fp8,nvfp4}; COUNTS=${COUNTS:-host}
 source "$(dirname "$0")/steps.sh"  # step, status, apply_patch, revert_patch
 
 bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has now
@@ -31,7 +31,8 @@ bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has
       transitions) step "$1_transitions" python3 -m hybridcomm bench transitions "${common[@]}" \
              --layouts "$LAYOUTS" --tokens "$TOKENS" --out "$DIR/$1_transitions.json" ;;
       quant) step "$1_quant" python3 -m hybridcomm bench quant "${common[@]}" --layouts "$LAYOUTS" \
-             --quant "$QUANTS" --hidden "$HIDDEN" --tokens "$TOKENS" --out "$DIR/$1_quant.json" ;;
+             --quant "$QUANTS" --hidden "$HIDDEN" --tokens "$TOKENS" --counts "$COUNTS" \
+             --out "$DIR/$1_quant.json" ;;
     esac
   done
 }

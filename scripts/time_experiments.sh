@@ -8,8 +8,9 @@
 #   (scripts/compare_results.py), NAME_tests.log, build and bench logs; with BENCHES="quant ops
 #   transitions", also NAME_ops.json, NAME_ops_vs_main_1_ops.md, ... (SIZES: the ops' sizes).
 #   bash scripts/time_experiments.sh [experiments/NAME.patch ...]
-# WORLD (2), LAYOUTS (dp2,tp2), TOKENS (1,16,128,256,512), QUANTS (fp8,nvfp4) and TESTS narrow it; one patch a call
-# if they do not fit the device's 10 minutes. NVLink multicast stays off: never remove the exports.
+# WORLD (2), LAYOUTS (dp2,tp2), TOKENS (1,16,128,256,512), QUANTS (fp8,nvfp4), COUNTS (bench quant
+# --counts: host) and TESTS narrow it; one patch a call if they do not fit the device's 10 minutes.
+# NVLink multicast stays off: never remove the exports.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -18,6 +19,7 @@ mkdir -p "$DIR"
 patches=("$@")
 [ ${#patches[@]} -gt 0 ] || patches=(experiments/*.patch)
 WORLD=${WORLD:-2}; LAYOUTS=${LAYOUTS:-dp2,tp2}; TOKENS=${TOKENS:-1,16,128,256,512}; QUANTS=${QUANTS:-fp8,nvfp4}
+COUNTS=${COUNTS:-host}
 BENCHES=${BENCHES:-quant}; SIZES=${SIZES:-2K,8K,32K,128K,512K,2M,8M}
 TESTS=${TESTS:-tests/test_gpu_quant.py tests/test_gpu_lamport_quant.py tests/test_gpu_row_grids.py}
 source "$(dirname "$0")/steps.sh"  # step, status, apply_patch, revert_patch
@@ -27,7 +29,7 @@ bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has
   for b in $BENCHES; do
     case $b in
       quant) step "bench_$1" python3 -m hybridcomm bench quant --world "$WORLD" --layouts "$LAYOUTS" \
-               --quant "$QUANTS" --hidden 4096,7168 --tokens "$TOKENS" --out "$DIR/$1.json" ;;
+               --quant "$QUANTS" --hidden 4096,7168 --tokens "$TOKENS" --counts "$COUNTS" --out "$DIR/$1.json" ;;
       ops) step "bench_$1_ops" python3 -m hybridcomm bench ops --device cuda --world "$WORLD" --sizes "$SIZES" \
              --out "$DIR/$1_ops.json" ;;
       transitions) step "bench_$1_transitions" python3 -m hybridcomm bench transitions --world "$WORLD" \

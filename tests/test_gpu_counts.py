@@ -18,7 +18,8 @@ norm within one rounding) and against the reference backend given the same Count
 The quantized gathers (every algorithm: quant, quant_one_hop, quant_lamport, quant_local; every
 format; gather_tokens reduced, replicated and fused, all_gather_v) in CUDA graphs replayed with new own
 counts: data and scales bit for bit against the quantized oracle, the learned counts, no
-all-gather; and the two errors above with quant="fp8".
+all-gather; and the two errors above with quant="fp8" (the mismatch also with replicated rows,
+partial=False, which the quantized gathers send before they learn the counts).
 """
 
 import random
@@ -284,29 +285,31 @@ def test_one_graph_of_gather_and_scatter_replays_200_times_with_new_own_counts(p
 
 
 # -- errors ------------------------------------------------------------------------------------------
-def _bad_counts(layout, table: str, kind: str, quant: str | None = None):
+def _bad_counts(layout, table: str, kind: str, quant: str | None = None, partial: bool = True):
     """kind "capacity": DP group 0 passes more rows than its input holds; "differ": the attn-TP
     ranks of DP group 0 pass different counts. Returns (what check_errors raised, whether
-    the next call with good counts matched the oracle). quant: the gathers quantize so."""
+    the next call with good counts matched the oracle). quant: the gathers quantize so.
+    partial=False: replicated rows, which the quantized gathers send before they learn the
+    counts (csrc/quant_rows.cuh stage_my_rows)."""
     import hybridcomm as hc
 
     comm = communicator(layout, "auto", table)
     rank, device = comm.rank, comm.device
     c = layout.coords(rank)
     sizes = tuple(2 + d % 3 for d in range(layout.attn_dp))
-    case = Case("gather_tokens", layout, sizes, "world", (64,), "bfloat16", "randn", True, False, True, 3)
+    case = Case("gather_tokens", layout, sizes, "world", (64,), "bfloat16", "randn", partial, False, True, 3)
     x = fill(torch.empty((CAPACITY, 64), dtype=torch.bfloat16, device=device), member_input(case, rank, device))
     mine = sizes[c.attn_dp_rank]
     if c.attn_dp_rank == 0:
         mine = CAPACITY + 1 if kind == "capacity" else mine + c.attn_tp_rank
-    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), quant=quant)
+    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), partial, quant=quant)
     try:
         comm.check_errors()
         raised = None
     except (hc.CapacityExceeded, hc.ArgumentMismatch) as e:
         raised = f"{type(e).__name__}: {e}"
     counts = hc.Counts(torch.tensor([sizes[c.attn_dp_rank]], dtype=torch.int32, device=device))
-    got = comm.gather_tokens(x, counts, quant=quant)
+    got = comm.gather_tokens(x, counts, partial, quant=quant)
     comm.check_errors()
     if quant is None:
         return raised, compare(got[: sum(sizes)], expected(case, rank, device), "sums") == ""
@@ -334,6 +337,18 @@ def test_a_count_beyond_the_capacity_raises_on_every_rank(pool, layout, table):
 def test_attn_tp_ranks_passing_different_counts_raise_on_every_rank(pool, layout, table):
     quant = "fp8" if table in QUANT_TABLES else None
     per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", quant, timeout=120)
+    _assert_mismatch_raised(per_rank)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("table", ("quant_ll", "lamport"))
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay.attn_tp > 1], ids=lambda lay: lay.name)
+def test_replicated_quantized_rows_sent_before_a_count_mismatch_raise_on_every_rank(pool, layout, table):
+    per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", "fp8", False, timeout=120)
+    _assert_mismatch_raised(per_rank)
+
+
+def _assert_mismatch_raised(per_rank: list) -> None:
     for rank, (raised, ok) in enumerate(per_rank):
         assert raised is not None and raised.startswith("ArgumentMismatch") and "row counts" in raised, \
             f"rank {rank}: {raised}"

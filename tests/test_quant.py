@@ -277,3 +277,20 @@ def test_bench_quant_sizes_its_buffers_for_the_imbalanced_case():
     assert capacity_tokens(["dp2", "tp2"], [1, 4, 16]) == IMBALANCED
     assert capacity_tokens(["tp2"], [1, 4, 16]) == 16  # one DP group: no imbalanced case
     assert capacity_tokens(["dp2"], [1, 256]) == 256
+
+
+def test_bench_quant_gives_our_calls_the_counts_each_mode_names():
+    """bench quant --counts: host a list, device one int32 tensor of every DP group's count
+    (the same tensor each call: a graph replays it), own a new Counts of this group's count
+    each call (a Counts is exchanged once)."""
+    from hybridcomm.bench.quant import COUNTS, _our_counts
+    from hybridcomm.counts import Counts
+
+    counts, mine, cpu = [3, 0, 5], 5, torch.device("cpu")
+    made = {mode: _our_counts(counts, mode, mine, cpu) for mode in COUNTS}
+    assert made["host"]() == counts
+    device = made["device"]()
+    assert device.dtype == torch.int32 and device.tolist() == counts and made["device"]() is device
+    first, second = made["own"](), made["own"]()
+    assert isinstance(first, Counts) and first is not second and not first.exchanged
+    assert first.own.dtype == torch.int32 and first.own.tolist() == [mine] and first.own is second.own

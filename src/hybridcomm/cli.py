@@ -17,6 +17,7 @@ import torch
 
 from . import cli_args as ca
 from .algorithms import NAMED_TABLES
+from .bench.quant import COUNTS as QUANT_COUNTS
 from .build import VARIANTS
 from .layout import Layout
 from .ops import OPS
@@ -236,7 +237,7 @@ def cmd_bench_quant(args) -> int:
                      args.share_gpus)
     results = bench_quant([lay.name for lay in args.layouts], args.quant, args.hidden, args.tokens, args.world,
                           progress=lambda so_far: _write(so_far, args.out, "quant"),  # each piece as it ends
-                          share_gpus=args.share_gpus)
+                          share_gpus=args.share_gpus, counts_mode=args.counts)
     print(quant_markdown(results))
     return 0
 
@@ -517,6 +518,9 @@ def parser() -> argparse.ArgumentParser:
     qb.add_argument("--hidden", type=ca.count_list, default="4096,7168", help="hidden sizes (default 4096,7168)")
     qb.add_argument("--tokens", type=ca.count_list, default="1,2,4,8,16,32,64,128,256,512,1024",
                     help="tokens per DP rank, comma-separated (default 1..1024)")
+    qb.add_argument("--counts", choices=QUANT_COUNTS, default="host",
+                    help="how our calls get the counts: host (a list, default), device (an int32 tensor of "
+                         "all), own (hc.Counts of this DP group's, exchanged in the kernel); NCCL's: host")
     qb.add_argument("--share-gpus", action="store_true", help=share_help)
     qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     qb.set_defaults(fn=cmd_bench_quant)

@@ -17,6 +17,14 @@ Columns (µs per call, graph replay, median, max over ranks):
   nccl_symm_q  the same on NCCL symmetric-window buffers (quantized bytes copied into them)
   nccl_ag_only the two all-gathers alone, symmetric buffers: a lower bound for any
                quantize-then-NCCL path (free quantization)
+
+--counts: how our calls (hc_*, hybridcomm) get the counts, as an engine may hold them
+(COUNTS); the NCCL paths always take them on the host, as they must.
+  host    every DP group's count, a list (the default)
+  device  every DP group's count, an int32 device tensor: what a captured graph replays
+  own     hc.Counts of this DP group's count, a device tensor, exchanged inside our kernels
+In device and own modes every rank's input holds the case's largest count of rows (its
+capacity; the results have dp x capacity rows), of which its own count are read.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import torch.distributed as dist
 from ..arguments import split_evenly
 from ..backends.nccl import all_gather_rows, reduce_scatter_rows
 from ..communicator import Communicator
+from ..counts import Counts
 from ..layout import Layout
 from ..quant import FORMATS, parse_quant, quantize
 from . import shared, timing
@@ -48,6 +57,7 @@ GLOBAL_SCALE = 448.0 * 6.0 / 5.0  # nvfp4: randn rows have amax about 5
 # of kernels each (the torch quantizer): 20 calls make a replay of >= 0.5 ms, long enough to
 # time, and keep their graph captures from dominating the sweep's run time.
 NCCL_CALLS_PER_GRAPH = 20
+COUNTS = ("host", "device", "own")  # --counts (module docstring)
 
 
 def _cut(buffer: torch.Tensor, offset: int, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
@@ -90,22 +100,33 @@ class QuantThenGather:
         return data, scales
 
 
+def _our_counts(counts: list[int], mode: str, mine: int, device: torch.device) -> Callable[[], object]:
+    """The counts our calls take in `mode` (COUNTS), made anew for every call (a Counts is
+    exchanged once: one per step), from tensors made once (a graph replays those)."""
+    if mode == "host":
+        return lambda: counts
+    sizes = torch.tensor(counts if mode == "device" else [mine], dtype=torch.int32, device=device)
+    return (lambda: sizes) if mode == "device" else (lambda: Counts(sizes))
+
+
 def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: int, fmt: str,
-           symm: NcclSymmetricBuffers, plain: list[torch.Tensor]) -> dict:
+           symm: NcclSymmetricBuffers, plain: list[torch.Tensor], counts_mode: str = "host") -> dict:
     groups, device = comm.groups, comm.device
     mine = counts[groups["attn_dp"].index]
     g = GLOBAL_SCALE if FORMATS[fmt].needs_global_scale else None
     spec = parse_quant(fmt, g, None, device)
     engines = QuantThenGather(comm, plain, fmt, hidden, spec.global_scale)
-    x = engines.input(mine).normal_()
-    calls = {"hc_bf16": lambda: comm.gather_tokens(x, counts),
-             "hybridcomm": lambda: comm.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale),
+    x = engines.input(max(counts)).normal_()[:mine]
+    ours = _our_counts(counts, counts_mode, mine, device)
+    xo = x if counts_mode == "host" else engines.input(max(counts))  # (device, own: the capacity)
+    calls = {"hc_bf16": lambda: comm.gather_tokens(xo, ours()),
+             "hybridcomm": lambda: comm.gather_tokens(xo, ours(), quant=fmt, global_scale=spec.global_scale),
              "nccl_q": lambda: engines.gather(x, counts)}
     # Where a DP group has one rank, one hop and local run the owner path (quant): not timed twice.
     timed = forced_comms if comm.layout.attn_tp > 1 else {
         k: f for k, f in forced_comms.items() if k not in ("hc_quant_one_hop", "hc_quant_local")}
     add_forced_calls(calls, "gather_tokens_quant", timed,
-                     lambda c: c.gather_tokens(x, counts, quant=fmt, global_scale=spec.global_scale))
+                     lambda c: c.gather_tokens(xo, ours(), quant=fmt, global_scale=spec.global_scale))
     if symm.buffers is not None:
         symm_path = QuantThenGather(comm, symm.buffers, fmt, hidden, spec.global_scale)
         xs = symm_path.input(mine).normal_()
@@ -148,10 +169,11 @@ def capacity_tokens(layout_names: list[str], tokens: list[int]) -> int:
 
 
 def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
-                capacity: tuple[int, int] | None = None, share_gpus: bool = False) -> dict:
+                capacity: tuple[int, int] | None = None, share_gpus: bool = False, counts_mode: str = "host") -> dict:
     """Worker entry (every rank). capacity: (tokens, hidden) to size the buffers and workspaces
     for (default: this call's largest), the same for every piece of a sweep so they are kept.
-    share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only."""
+    share_gpus: ranks share a GPU (bench/shared.py): our forced algorithms only. counts_mode:
+    one of COUNTS; a record names it where it is not "host" (so host runs pair with older ones)."""
     records = []
     device = torch.device("cuda", torch.cuda.current_device())
     max_tokens, max_hidden = capacity or (capacity_tokens(layout_names, tokens), max(hiddens))
@@ -163,14 +185,15 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
         for hidden in hiddens:
             for label, counts in token_cases(layout, tokens):
                 for fmt in formats:
-                    calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain)
+                    calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain, counts_mode)
                     calls = shared.ours_only(calls, forced_comms) if share_gpus else calls
                     names = sorted(calls)
                     us = timing.max_over_ranks([timing.graph_us(calls[k], _calls_per_graph(k, counts, hidden))
                                                 for k in names])
                     for k, t in zip(names, us):
                         records.append({"layout": layout.name, "format": fmt, "hidden": hidden, "case": label,
-                                        "tokens_per_dp": counts, "impl": k, "us": t})
+                                        "tokens_per_dp": counts, "impl": k, "us": t,
+                                        **({} if counts_mode == "host" else {"counts": counts_mode})})
                     if dist.get_rank() == 0:
                         row = "  ".join(f"{k} {t:.1f}" for k, t in zip(names, us))
                         print(f"[quant] {layout.name} {fmt} h{hidden} {label} {counts}: {row}", file=sys.stderr,
@@ -184,10 +207,10 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
 
 def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], tokens: list[int],
                 world_size: int = 4, timeout_s: float = 900.0, progress: Callable[[dict], None] | None = None,
-                share_gpus: bool = False) -> dict:
+                share_gpus: bool = False, counts_mode: str = "host") -> dict:
     """The sweep, one pool call (deadline timeout_s) per (layout, hidden); after each,
     progress(the results so far) -- the CLI writes them, so a run cut short keeps its pieces.
-    share_gpus: ranks share GPUs, our kernels only (bench/shared.py)."""
+    share_gpus: ranks share GPUs, our kernels only (bench/shared.py). counts_mode: COUNTS."""
     from ..spmd import SpmdPool
 
     results: dict = {}
@@ -196,7 +219,8 @@ def bench_quant(layouts: list[str], formats: list[str], hiddens: list[int], toke
             for hidden in hiddens:
                 start = time.monotonic()
                 piece = pool.run(sweep_quant, [layout], formats, [hidden], tokens,
-                                 (capacity_tokens(layouts, tokens), max(hiddens)), share_gpus, timeout=timeout_s)[0]
+                                 (capacity_tokens(layouts, tokens), max(hiddens)), share_gpus, counts_mode,
+                                 timeout=timeout_s)[0]
                 results = {**piece, "records": results.get("records", []) + piece["records"]}
                 print(f"[quant] {layout} hidden {hidden}: {time.monotonic() - start:.0f} s", file=sys.stderr,
                       flush=True)
@@ -222,7 +246,9 @@ def quant_markdown(results: dict) -> str:
         by[(r["layout"], r["hidden"], r["format"], r["case"], tuple(r["tokens_per_dp"]))][r["impl"]] = r["us"]
     impls = sorted({r["impl"] for r in results["records"]})
     ratio_impls = [i for i in RATIOS if i in impls]
-    out = [f"# bench quant, {results['dtype']} input", "", _header(results["environment"]), "",
+    modes = sorted({r.get("counts", "host") for r in results["records"]})
+    out = [f"# bench quant, {results['dtype']} input, our calls' counts: {', '.join(modes)}", "",
+           _header(results["environment"]), "",
            "µs per call (CUDA graph replay, median, max over ranks). q/bf16 = hybridcomm / hc_bf16 (< 1: the "
            "quantized gather is faster); " + ", ".join(f"{RATIOS[i]}: {i}" for i in ratio_impls if i != "hybridcomm")
            + " the same; vs NCCL = best quantize-then-NCCL baseline / hybridcomm.", ""]

@@ -91,28 +91,29 @@ __device__ __forceinline__ void put_half_unit(const CallCtx& cx, uint4* unit, in
                : "memory");
 }
 
-// Row r of my group quantized from my lanes' values x: into my output and, if I own it, as units
-// into the area from me of every rank that receives it (data: one unit, two lanes, per even
-// thread; scales: 8-byte halves).
+// Row r of my group, quantized (q: my lanes), to `to` (an EmitTo): into my output, and, if I own
+// it, as units into the area from me of every rank that receives it (data: one unit, two lanes,
+// per even thread; scales: 8-byte halves). Called by the whole team.
 template <int F, int KL>
 __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, bool replicated,
-                                                  int64_t r, bool owned, const RowValues<F, KL>& x,
-                                                  float global_scale, const WireUnits& w, float* warp_buf) {
-  const int64_t o = s.rc.offset[s.d] + r;
+                                                  int64_t r, bool owned, const QuantizedLanes<KL>& q, int to,
+                                                  const WireUnits& w) {
+  const int64_t o = s.rc.offset[s.d] + r;  // (once the counts are known)
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
-  lc.cx.block_aborted();  // as push_quantized_row (quant_gather.cu)
-  quantize_and_emit<F, 2>(
-      x, w.out.data_lanes, 2 * (w.wire_units - w.data_units), global_scale, warp_buf,
+  if (to & kToReceivers) lc.cx.block_aborted();  // as push_quantized_row (quant_gather.cu)
+  const bool mine = to & kToMine, receivers = (to & kToReceivers) && owned;
+  emit_lanes<F, 2>(
+      q, w.out.data_lanes, 2 * (w.wire_units - w.data_units),
       [&](int64_t u, const uint2(&v)[2]) {
         const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
-        w.store(o, u, unit);
-        if (!owned) return;
+        if (mine) w.store(o, u, unit);
+        if (!receivers) return;
         const uint4 wire = wire_swap<F>(unit, true);
         for_each_receiver(lc.cx, s, replicated, [&](int peer) { put_unit(lc.cx, lc.outbox(peer) + base + u, wire); });
       },
       [&](int64_t sl, uint2 v) {
-        if (o < w.out.out_rows) w.out.store_scales(o, sl * 8, v);
-        if (!owned) return;
+        if (mine && o < w.out.out_rows) w.out.store_scales(o, sl * 8, v);
+        if (!receivers) return;
         const int64_t u = w.data_units + sl / 2;
         for_each_receiver(lc.cx, s, replicated,
                           [&](int peer) { put_half_unit(lc.cx, lc.outbox(peer) + base + u, (int)(sl % 2), v); });
@@ -147,12 +148,12 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t width = (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(plan.fused, plan.replicated) << 24;
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
   if (own) publish_own_count(lc.cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, io,
-                          w.out.data_lanes, early, row, warp_buf,
-                          [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
-                          [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
-                            put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
-                          });
+  stage_my_rows<T, F, KL, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
+                                   w.out.data_lanes, early, row, warp_buf,
+                                   [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
+                                   [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
+                                     put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, q, to, w);
+                                   });
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);

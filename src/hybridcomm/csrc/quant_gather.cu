@@ -37,21 +37,23 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
   return WireRows{out, out.data_lanes + (out.scale_bytes + 7) / 8};
 }
 
-// Row r of my group quantized from my lanes' values x: into my output and, if I own it, to every
-// rank that receives it (area 1, at the row's group-local wire lanes). Called by the whole block.
+// Row r of my group, quantized (q: my lanes), to `to` (an EmitTo): into my output, and, if I
+// own it, to every rank that receives it (area 1, at the row's group-local wire lanes). Called
+// by the whole team.
 template <int F, int KL>
 __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, bool replicated, int64_t r,
-                                                   bool owned, const RowValues<F, KL>& x, float global_scale,
-                                                   const WireRows& w, float* warp_buf) {
-  const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;
-  cx.block_aborted();  // a row's scale comes from many threads' values: none is sent if one never came
+                                                   bool owned, const QuantizedLanes<KL>& q, int to,
+                                                   const WireRows& w) {
+  const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;  // (o: once the counts are known)
+  // A row's scale comes from many threads' values: none is sent if one never came (put_lane).
+  if (to & kToReceivers) cx.block_aborted();  // (uniform over the block)
+  const bool receivers = (to & kToReceivers) && owned;
   const auto emit = [&](int64_t l, uint2 v) {
-    w.store(o, l, v);
-    if (owned) for_each_receiver(cx, s, replicated, [&](int peer) { put_lane(cx, peer, 1, base + l, v); });
+    if (to & kToMine) w.store(o, l, v);
+    if (receivers) for_each_receiver(cx, s, replicated, [&](int peer) { put_lane(cx, peer, 1, base + l, v); });
   };
-  quantize_and_emit<F, 1>(
-      x, w.out.data_lanes, w.wire_lanes - w.out.data_lanes, global_scale, warp_buf,
-      [&](int64_t l, const uint2(&v)[1]) { emit(l, v[0]); },
+  emit_lanes<F, 1>(
+      q, w.out.data_lanes, w.wire_lanes - w.out.data_lanes, [&](int64_t l, const uint2(&v)[1]) { emit(l, v[0]); },
       [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
 
@@ -87,12 +89,12 @@ __global__ void __launch_bounds__(kThreads)
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(plan.fused, plan.replicated),
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
   if (own) publish_own_count(cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, io,
-                          w.out.data_lanes, early, row, warp_buf,
-                          [&] { if (own) learn_counts(cx, io, tp, s.rc); },
-                          [&](int64_t r, const RowValues<F, KL>& x, bool owned) {
-                            push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, x, global_scale, w, warp_buf);
-                          });
+  stage_my_rows<T, F, KL, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
+                                   w.out.data_lanes, early, row, warp_buf,
+                                   [&] { if (own) learn_counts(cx, io, tp, s.rc); },
+                                   [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
+                                     push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, q, to, w);
+                                   });
   HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own (replicated: of other DP groups).
   for_each_foreign_item(s, g.me, plan.replicated, w.wire_lanes,

@@ -300,18 +300,23 @@ __device__ __forceinline__ uint2 scale_lane_at(int64_t l, uint32_t scale_bits) {
   }
 }
 
-// My data lanes of a row (values x) quantized and emitted, K lanes an item: emit_data(i, v) with v
-// data lanes K*i .. K*i + K - 1 (zeros past data_lanes; K = 2: the partner lane comes from the
-// next thread by a shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale
-// lanes s < scale_lanes (8 bytes each; zeros past the row's scale bytes). One block max for fp8
-// (the token's amax; with x.others, the whole row's when the team is split); the block formats'
-// scales come from shuffles, in warps of the row's consecutive lanes. Every thread of the team
-// calls this (block max, shuffles); no barrier follows the emits.
-template <int F, int K, int KL, typename EmitData, typename EmitScale>
-__device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int64_t data_lanes, int64_t scale_lanes,
-                                                  float global_scale, float* warp_buf, EmitData emit_data,
-                                                  EmitScale emit_scale) {
-  static_assert(K == 1 || K == 2, "an item is one lane or a pair of lanes");
+// A row's wire lanes as quantized, in registers (quantize_lanes), until they are emitted
+// (emit_lanes): data[k] is my data lane my_lane(k) (zeros past the row's), scale[k] the wire's
+// scale lane that starts at it (formed by shuffles; meaningful where my_lane(k) is a multiple of
+// kScaleLaneStride). Held apart so that a row can go to its receivers before my own output
+// row's place is known (stage_my_rows: own-count mode).
+template <int KL>
+struct QuantizedLanes {
+  uint2 data[KL], scale[KL];
+};
+
+// My data lanes of a row (values x) quantized. One block max for fp8 (the token's amax; with
+// x.others, the whole row's when the team is split); the block formats' scales come from
+// shuffles, in warps of the row's consecutive lanes. Every thread of the team calls this
+// (block max, shuffles).
+template <int F, int KL>
+__device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, KL>& x, int64_t data_lanes,
+                                                             float global_scale, float* warp_buf) {
   constexpr int kK = KL, kN = RowValues<F, KL>::kN;
   float amax[kK];
 #pragma unroll
@@ -327,9 +332,11 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
     for (int k = 1; k < kK; ++k) a = fmaxf(a, amax[k]);
     token = fp8_scale(block_max(a, warp_buf));
   }
+  QuantizedLanes<KL> q;
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
-    if ((int64_t)k * kThreads >= data_lanes) break;  // uniform over the block
+    q.data[k] = q.scale[k] = make_uint2(0, 0);
+    if ((int64_t)k * kThreads >= data_lanes) continue;  // uniform over the block
     const int64_t l = my_lane(k);
     const bool mine = l < data_lanes;
     uint32_t w[2] = {0u, 0u}, scale_bits;
@@ -344,18 +351,42 @@ __device__ __forceinline__ void quantize_and_emit(const RowValues<F, KL>& x, int
       for (int e = 0; e < kN; e += 2) w[e / 4] |= fp8_codes(x.v[k][e], x.v[k][e + 1], sc.inv) << (8 * (e % 4));
       scale_bits = __float_as_uint(sc.scale);
     }
-    const uint2 lane = mine ? make_uint2(w[0], w[1]) : make_uint2(0, 0);
+    if (mine) q.data[k] = make_uint2(w[0], w[1]);
+    q.scale[k] = scale_lane_at<F>(l, mine ? scale_bits : 0u);
+  }
+  return q;
+}
+
+// A quantized row's lanes emitted, K lanes an item: emit_data(i, v) with v data lanes K*i ..
+// K*i + K - 1 (zeros past data_lanes; K = 2: the partner lane comes from the next thread by a
+// shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale lanes s <
+// scale_lanes (8 bytes each; zeros past the row's scale bytes). Every thread of the team calls
+// this (shuffles); no barrier follows the emits.
+template <int F, int K, int KL, typename EmitData, typename EmitScale>
+__device__ __forceinline__ void emit_lanes(const QuantizedLanes<KL>& q, int64_t data_lanes, int64_t scale_lanes,
+                                           EmitData emit_data, EmitScale emit_scale) {
+  static_assert(K == 1 || K == 2, "an item is one lane or a pair of lanes");
+#pragma unroll
+  for (int k = 0; k < KL; ++k) {
+    if ((int64_t)k * kThreads >= data_lanes) break;  // uniform over the block
+    const int64_t l = my_lane(k);
+    const bool mine = l < data_lanes;
     if constexpr (K == 1) {
-      if (mine) emit_data(l, {lane});
+      if (mine) emit_data(l, {q.data[k]});
     } else {
+      const uint2 lane = q.data[k];
       const uint2 next = make_uint2(__shfl_down_sync(0xffffffffu, lane.x, 1), __shfl_down_sync(0xffffffffu, lane.y, 1));
       if (mine && l % 2 == 0) emit_data(l / 2, {lane, next});  // (past the row's, next is zero)
     }
-    const uint2 scales = scale_lane_at<F>(l, mine ? scale_bits : 0u);
     const int64_t sl = l / kScaleLaneStride<F>;
-    if (l % kScaleLaneStride<F> == 0 && sl < scale_lanes) emit_scale(sl, scales);
+    if (l % kScaleLaneStride<F> == 0 && sl < scale_lanes) emit_scale(sl, q.scale[k]);
   }
 }
+
+// Where emit_lanes sends a row (stage_my_rows): to the ranks that receive it, into my output,
+// or both. A row's receivers place it by its index in my group's rows; my output, by my group's
+// offset, which in own-count mode is known only after the exchange.
+enum EmitTo : int { kToReceivers = 1, kToMine = 2, kToBoth = 3 };
 
 // Row r of my group into `row` (fp32, staged): summed over tp (reduce; partial lanes arrive in
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
@@ -475,12 +506,18 @@ __device__ __forceinline__ RowInput<T, F, KL, S> early_row_input(const uint2* __
 
 // Phase 0 and the rows of both kernels: my partial lanes sent (reduce; replicated and not fused,
 // each team's first row from its registers), then one row team per row I stage -- every row of
-// my group when fused (the residual output) or replicated, else my chunk -- and send(r, x, owned)
-// for each row I quantize (called by the whole team, x: my lanes' values; owned: the row is in
-// my chunk): the rows I own, and replicated every row of my group. `next`: early_row_input's.
-// learn(): between the partial lanes and the rows, every thread (own-count mode: the others'
-// counts, which place my rows in the output; own_count.cuh); after a failed exchange my rows
-// count as zero, so none is sent.
+// my group when fused (the residual output) or replicated, else my chunk. Each row I quantize
+// (the rows I own, and replicated every row of my group) goes out by send(r, q, owned, to),
+// called by the whole team: q my lanes (quantize_lanes), owned whether the row is in my chunk,
+// to an EmitTo. `next`: early_row_input's.
+// learn(): every thread, before any row goes into my output (own-count mode: the others'
+// counts, which place my rows there; own_count.cuh); after a failed exchange my rows count as
+// zero, so none is kept. A team's first row goes to its receivers before learn() where it waits
+// for no peer (not summed over tp: a sum waits for partial lanes, and a member whose count
+// differs must get the mismatch error, not a timeout), and into my output after it, as the bf16
+// gathers push their rows before they learn. Learned first, the quantized gathers' in-kernel
+// exchange cost 1.6-2.5 us a DP2 gather + scatter pair over given counts, the bf16 one 0.2-1.3
+// (results/2xH200/own_counts).
 // Not fused, a row is loaded into registers while the previous one is quantized and sent; fused,
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
 // lanes strided by the block).
@@ -488,7 +525,7 @@ template <typename T, int F, int KL, bool S, typename Learn, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, const RowPlan& plan,
                                               const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
-                                              float eps, const RowsArg& io, int64_t data_lanes,
+                                              float eps, float global_scale, const RowsArg& io, int64_t data_lanes,
                                               RowInput<T, F, KL, S> next, float* row, float* warp_buf, Learn learn,
                                               Send send) {
   const int64_t rows = s.rc.count(s.d);
@@ -502,25 +539,46 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   } else if (reduce) {
     send_partial_lanes(cx, s, replicated, in, io.in_lanes(), 0);
   }
-  learn();
-  if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
   const int64_t teams = row_teams();
-  for (int64_t r = first + row_team(); r < last; r += teams) {
-    const bool owned = !every_row || chunk_owner(r, rows, s.tp) == s.t;
+  // Row r staged, and quantized where I send it (`sent`, uniform over the team); not fused, the
+  // input of my next row is loaded meanwhile.
+  const auto quantized = [&](int64_t r, bool sent) {
+    RowValues<F, KL> x;
     if (fused) {
       stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
       __syncthreads();  // the staged row is complete
-      const RowValues<F, KL> x = staged_values<F, KL>(row, data_lanes);
+      x = staged_values<F, KL>(row, data_lanes);
       __syncthreads();  // read: the next row may be staged
-      if (owned || replicated) send(r, x, owned);  // uniform over the block
     } else {
       const RowInput<T, F, KL, S> input = next;
       if (r + teams < last) next = load_row_input<T, F, KL, S>(in, r + teams, io, data_lanes);
-      RowValues<F, KL> x = row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes);
+      x = row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes);
       if constexpr (RowInput<T, F, KL, S>::kShare > 0) {
         if (!reduce && team_split()) x.others = share_amax(input);  // (a split team: plain rows)
       }
-      send(r, x, owned);
+    }
+    return sent ? quantize_lanes<F, KL>(x, data_lanes, global_scale, warp_buf) : QuantizedLanes<KL>{};
+  };
+  // owned: the row is in my chunk; sent: I quantize it (not fused: every row I stage).
+  const auto owned = [&](int64_t r) { return !every_row || chunk_owner(r, rows, s.tp) == s.t; };
+  // One copy each of the row's code and of learn() (with the first row's apart, an instance's
+  // SASS grew by up to 45%): a row's pass sends it to its receivers, and before any row goes
+  // into my output the pass learns. So the first row's pass learns between the two. Rows that
+  // are summed wait for peers' partial lanes, so they start with a pass of no row (r < mine):
+  // it learns before any of them, and a member whose count differs gets the mismatch error,
+  // not a timeout.
+  const int64_t mine = first + row_team();
+  bool learned = false;
+  for (int64_t r = reduce ? mine - teams : mine; r < last || !learned; r += teams) {  // (uniform over the team)
+    const bool row = r >= mine && r < last, sent = row && (owned(r) || replicated);
+    QuantizedLanes<KL> q;
+    if (row) q = quantized(r, sent);
+    for (int to = learned ? kToBoth : kToReceivers;; to = kToMine) {
+      if (sent) send(r, q, owned(r), to);
+      if (learned) break;
+      learn();
+      learned = true;
+      if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
     }
   }
 }
