@@ -93,14 +93,14 @@ __device__ __forceinline__ void put_half_unit(const CallCtx& cx, uint4* unit, in
 
 // Row r of my group, quantized (q: my lanes), to `to` (an EmitTo): into my output, and, if I own
 // it, as units into the area from me of every rank that receives it (data: one unit, two lanes,
-// per even thread; scales: 8-byte halves). Called by the whole team.
+// per even thread; scales: 8-byte halves; none after an abort: put_unit). Called by the whole
+// team.
 template <int F, int KL>
 __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, bool replicated,
                                                   int64_t r, bool owned, const QuantizedLanes<KL>& q, int to,
                                                   const WireUnits& w) {
   const int64_t o = s.rc.offset[s.d] + r;  // (once the counts are known)
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
-  if (to & kToReceivers) lc.cx.block_aborted();  // as push_quantized_row (quant_gather.cu)
   const bool mine = to & kToMine, receivers = (to & kToReceivers) && owned;
   emit_lanes<F, 2>(
       q, w.out.data_lanes, 2 * (w.wire_units - w.data_units),
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
   if (own) publish_own_count(lc.cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
-                                   w.out.data_lanes, early, row, warp_buf,
+                                   w.out.data_lanes, early, row, warp_buf, own,
                                    [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
                                    [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
                                      put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, q, to, w);

@@ -38,15 +38,13 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
 }
 
 // Row r of my group, quantized (q: my lanes), to `to` (an EmitTo): into my output, and, if I
-// own it, to every rank that receives it (area 1, at the row's group-local wire lanes). Called
-// by the whole team.
+// own it, to every rank that receives it (area 1, at the row's group-local wire lanes; none
+// after an abort: put_lane). Called by the whole team.
 template <int F, int KL>
 __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, bool replicated, int64_t r,
                                                    bool owned, const QuantizedLanes<KL>& q, int to,
                                                    const WireRows& w) {
   const int64_t o = s.rc.offset[s.d] + r, base = r * w.wire_lanes;  // (o: once the counts are known)
-  // A row's scale comes from many threads' values: none is sent if one never came (put_lane).
-  if (to & kToReceivers) cx.block_aborted();  // (uniform over the block)
   const bool receivers = (to & kToReceivers) && owned;
   const auto emit = [&](int64_t l, uint2 v) {
     if (to & kToMine) w.store(o, l, v);
@@ -90,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
   if (own) publish_own_count(cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
-                                   w.out.data_lanes, early, row, warp_buf,
+                                   w.out.data_lanes, early, row, warp_buf, own,
                                    [&] { if (own) learn_counts(cx, io, tp, s.rc); },
                                    [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
                                      push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, q, to, w);

@@ -339,20 +339,28 @@ __device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, 
     if ((int64_t)k * kThreads >= data_lanes) continue;  // uniform over the block
     const int64_t l = my_lane(k);
     const bool mine = l < data_lanes;
-    uint32_t w[2] = {0u, 0u}, scale_bits;
-    if constexpr (F == kQuantNvfp4) {  // a lane is exactly one 16-block
-      const Nvfp4Scale sc = nvfp4_scale(amax[k], global_scale);
+    // The codes and nvfp4's lane scale only where the lane is the row's (half a team's threads
+    // hold none at nvfp4 4096): computed by every thread and selected after, they cost ~270
+    // instructions a warp where a barrier separated them from the emits (ncu, run 74 of
+    // results/shared_1xH100).
+    const float block = F == kQuantFp8Block128 ? group_max(amax[k], 16) : 0.f;  // (a shuffle: every thread)
+    uint32_t scale_bits = 0u;
+    if (mine) {
+      uint32_t w[2] = {0u, 0u};
+      if constexpr (F == kQuantNvfp4) {  // a lane is exactly one 16-block
+        const Nvfp4Scale sc = nvfp4_scale(amax[k], global_scale);
 #pragma unroll
-      for (int e = 0; e < kN; ++e) w[e / 8] |= nvfp4_code(x.v[k][e], sc.inv) << (4 * (e % 8));
-      scale_bits = sc.sf;
-    } else {
-      const Fp8Scale sc = F == kQuantFp8Block128 ? fp8_scale(group_max(amax[k], 16)) : token;
+        for (int e = 0; e < kN; ++e) w[e / 8] |= nvfp4_code(x.v[k][e], sc.inv) << (4 * (e % 8));
+        scale_bits = sc.sf;
+      } else {
+        const Fp8Scale sc = F == kQuantFp8Block128 ? fp8_scale(block) : token;
 #pragma unroll
-      for (int e = 0; e < kN; e += 2) w[e / 4] |= fp8_codes(x.v[k][e], x.v[k][e + 1], sc.inv) << (8 * (e % 4));
-      scale_bits = __float_as_uint(sc.scale);
+        for (int e = 0; e < kN; e += 2) w[e / 4] |= fp8_codes(x.v[k][e], x.v[k][e + 1], sc.inv) << (8 * (e % 4));
+        scale_bits = __float_as_uint(sc.scale);
+      }
+      q.data[k] = make_uint2(w[0], w[1]);
     }
-    if (mine) q.data[k] = make_uint2(w[0], w[1]);
-    q.scale[k] = scale_lane_at<F>(l, mine ? scale_bits : 0u);
+    q.scale[k] = scale_lane_at<F>(l, scale_bits);
   }
   return q;
 }
@@ -510,13 +518,12 @@ __device__ __forceinline__ RowInput<T, F, KL, S> early_row_input(const uint2* __
 // (the rows I own, and replicated every row of my group) goes out by send(r, q, owned, to),
 // called by the whole team: q my lanes (quantize_lanes), owned whether the row is in my chunk,
 // to an EmitTo. `next`: early_row_input's.
-// learn(): every thread, before any row goes into my output (own-count mode: the others'
-// counts, which place my rows there; own_count.cuh); after a failed exchange my rows count as
-// zero, so none is kept. A team's first row goes to its receivers before learn() where it waits
-// for no peer (not summed over tp: a sum waits for partial lanes, and a member whose count
-// differs must get the mismatch error, not a timeout), and into my output after it, as the bf16
-// gathers push their rows before they learn. Learned first, the quantized gathers' in-kernel
-// exchange cost 1.6-2.5 us a DP2 gather + scatter pair over given counts, the bf16 one 0.2-1.3
+// learn(): every thread, before any row goes into my output (own: own-count mode, where it
+// learns the others' counts, which place my rows there; own_count.cuh); after a failed exchange
+// my rows count as zero, so none is kept. In own-count mode a team's first plain row goes to
+// its receivers before learn() and into my output after it (below), as the bf16 gathers push
+// their rows before they learn: learned first, the quantized gathers' in-kernel exchange cost
+// 1.6-2.5 us a DP2 gather + scatter pair over given counts, the bf16 one 0.2-1.3
 // (results/2xH200/own_counts).
 // Not fused, a row is loaded into registers while the previous one is quantized and sent; fused,
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
@@ -526,8 +533,8 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
                                               const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
                                               float eps, float global_scale, const RowsArg& io, int64_t data_lanes,
-                                              RowInput<T, F, KL, S> next, float* row, float* warp_buf, Learn learn,
-                                              Send send) {
+                                              RowInput<T, F, KL, S> next, float* row, float* warp_buf, bool own,
+                                              Learn learn, Send send) {
   const int64_t rows = s.rc.count(s.d);
   const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
@@ -540,9 +547,8 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
     send_partial_lanes(cx, s, replicated, in, io.in_lanes(), 0);
   }
   const int64_t teams = row_teams();
-  // Row r staged, and quantized where I send it (`sent`, uniform over the team); not fused, the
-  // input of my next row is loaded meanwhile.
-  const auto quantized = [&](int64_t r, bool sent) {
+  // Row r's values, staged; not fused, the input of my next row is loaded meanwhile.
+  const auto values = [&](int64_t r) {
     RowValues<F, KL> x;
     if (fused) {
       stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
@@ -557,29 +563,40 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
         if (!reduce && team_split()) x.others = share_amax(input);  // (a split team: plain rows)
       }
     }
-    return sent ? quantize_lanes<F, KL>(x, data_lanes, global_scale, warp_buf) : QuantizedLanes<KL>{};
+    return x;
   };
-  // owned: the row is in my chunk; sent: I quantize it (not fused: every row I stage).
+  // A row's scale comes from many threads' values: none is sent if one never came (the sends
+  // check cx.aborted). Checked before the quantizing, whose code the compiler then keeps in
+  // the threads that hold a lane of the row.
+  const auto quantized = [&](const RowValues<F, KL>& x) {
+    cx.block_aborted();  // (uniform over the block)
+    return quantize_lanes<F, KL>(x, data_lanes, global_scale, warp_buf);
+  };
+  // owned: the row is in my chunk (not fused: every row I stage is mine or, replicated, sent).
   const auto owned = [&](int64_t r) { return !every_row || chunk_owner(r, rows, s.tp) == s.t; };
-  // One copy each of the row's code and of learn() (with the first row's apart, an instance's
-  // SASS grew by up to 45%): a row's pass sends it to its receivers, and before any row goes
-  // into my output the pass learns. So the first row's pass learns between the two. Rows that
-  // are summed wait for peers' partial lanes, so they start with a pass of no row (r < mine):
-  // it learns before any of them, and a member whose count differs gets the mismatch error,
-  // not a timeout.
-  const int64_t mine = first + row_team();
-  bool learned = false;
-  for (int64_t r = reduce ? mine - teams : mine; r < last || !learned; r += teams) {  // (uniform over the team)
-    const bool row = r >= mine && r < last, sent = row && (owned(r) || replicated);
-    QuantizedLanes<KL> q;
-    if (row) q = quantized(r, sent);
-    for (int to = learned ? kToBoth : kToReceivers;; to = kToMine) {
-      if (sent) send(r, q, owned(r), to);
-      if (learned) break;
-      learn();
-      learned = true;
-      if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
-    }
+  // Own-count mode, plain rows (not summed, not fused): a team's first row goes to its
+  // receivers before learn(), and into my output after it. Only there: with summed rows the
+  // first row waits for peers' partial lanes (a member whose count differs must get the
+  // mismatch error, not a timeout), a fused instance would hold the staging and quantizing
+  // code twice, and with given counts learn() waits for nothing, while the first row's
+  // separate path costs instructions (nvfp4: ~260 a warp, ncu).
+  int64_t r = first + row_team();
+  const bool early = own && !reduce && !fused && r < last;  // (uniform over the team)
+  QuantizedLanes<KL> q0;
+  if (early) {
+    q0 = quantized(values(r));
+    send(r, q0, true, kToReceivers);
+  }
+  learn();
+  if (s.rc.count(s.d) != rows) return;  // (uniform: the exchange failed, every count is zero)
+  if (early) {
+    send(r, q0, true, kToMine);
+    r += teams;
+  }
+  for (; r < last; r += teams) {
+    const RowValues<F, KL> x = values(r);
+    if (fused && !owned(r) && !replicated) continue;  // staged for the residual output only (uniform)
+    send(r, quantized(x), owned(r), kToBoth);
   }
 }
 
