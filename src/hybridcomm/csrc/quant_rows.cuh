@@ -578,8 +578,8 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   // receivers before learn(), and into my output after it. Only there: with summed rows the
   // first row waits for peers' partial lanes (a member whose count differs must get the
   // mismatch error, not a timeout), a fused instance would hold the staging and quantizing
-  // code twice, and with given counts learn() waits for nothing, while the first row's
-  // separate path costs instructions (nvfp4: ~260 a warp, ncu).
+  // code twice, and with given counts learn() waits for nothing: there the first row would
+  // only pay a second pass of emits.
   int64_t r = first + row_team();
   const bool early = own && !reduce && !fused && r < last;  // (uniform over the team)
   QuantizedLanes<KL> q0;
