@@ -177,7 +177,7 @@ def test_quantized_gathers_from_bench_quant(seed):
     assert at_128["measured_in"] == ["q.json:dp2", "q.json:tp2"]
 
 
-def test_results_of_different_machines_or_across_nodes_are_refused():
+def test_results_of_different_machines_across_nodes_or_without_host_counts_are_refused():
     ops = _ops_results({"all_reduce": ["hc_one_shot"] * 14}, random.Random(0), world=2)
     with pytest.raises(tune.ResultsError, match="different machines.*x2.*x4"):
         tune.tune([("ops.json", ops), ("tr.json", _transitions_results(random.Random(0)))])
@@ -187,6 +187,10 @@ def test_results_of_different_machines_or_across_nodes_are_refused():
                                                              "us": 50.0}]}
     with pytest.raises(tune.ResultsError, match="cpu.json: no column the table can name"):
         tune.tune([("cpu.json", cpu)])
+    own = _quant_results(random.Random(0))
+    own["records"] = [{**r, "counts": "own"} for r in own["records"]]
+    with pytest.raises(tune.ResultsError, match="own.json: timed with `bench quant --counts own`"):
+        tune.tune([("own.json", own)])
     other = "layer_4xH200.json"  # another benchmark's results
     with pytest.raises(tune.ResultsError, match=f"{other}: not the results of `hybridcomm bench ops`"):
         tune.tune_files([REPO / "results/4xH200" / other])

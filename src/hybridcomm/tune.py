@@ -15,6 +15,8 @@ where attn_tp = 1 the bench times quant_one_hop and quant_local once, as quant (
 run there, backends/nvlink.py), and tune reads quant's column for them. There gather_tokens_quant
 is also all_gather_v_quant over the world (the same rows, the same kernel: the op code only names
 errors), so those layouts' records fill all_gather_v_quant too (quant, quant_lamport, nccl_q).
+Only runs with host counts (`bench quant --counts host`, the default) are read: in the others our
+columns got the counts on the device and NCCL's on the host.
 
 Per op and measured size, the candidates that ran at that size are compared by their µs
 (a transitions size measured on several layouts: the geometric mean over those layouts, and
@@ -116,6 +118,10 @@ def kind(results, where: str) -> str:
         if (isinstance(results, dict) and {top, "environment"} <= set(results)
                 and isinstance(results.get("records"), list)
                 and all(isinstance(r, dict) and fields <= set(r) for r in results["records"])):
+            modes = {r.get("counts", "host") for r in results["records"]}
+            if modes != {"host"} and results["records"]:
+                raise ResultsError(f"{where}: timed with `bench quant --counts {'/'.join(sorted(modes - {'host'}))}`; "
+                                   f"tune reads runs with host counts, as the NCCL column took them")
             return name
     raise ResultsError(f"{where}: not the results of `hybridcomm bench ops`, `bench transitions` or `bench "
                        f"quant` (other benchmarks do not time the algorithms a table rule names)")
