@@ -391,8 +391,8 @@ __device__ __forceinline__ void emit_lanes(const QuantizedLanes<KL>& q, int64_t 
   }
 }
 
-// Where emit_lanes sends a row (stage_my_rows): to the ranks that receive it, into my output,
-// or both. A row's receivers place it by its index in my group's rows; my output, by my group's
+// Where a quantized row's emits go (the kernels' send functions, called by stage_my_rows): to
+// the ranks that receive it, into my output, or both. A row's receivers place it by its index in my group's rows; my output, by my group's
 // offset, which in own-count mode is known only after the exchange.
 enum EmitTo : int { kToReceivers = 1, kToMine = 2, kToBoth = 3 };
 
