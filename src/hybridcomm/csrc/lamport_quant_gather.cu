@@ -120,8 +120,8 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
       });
 }
 
-// M: the RowMode (quant_rows.cuh). io.sizes.own set: own-count mode (as in quant_gather.cu).
-template <typename T, int F, int KL, int M>
+// M: the RowMode (quant_rows.cuh). kOwn: own-count mode (as in quant_gather.cu).
+template <typename T, int F, int KL, int M, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int algorithm, int tp,
                          int partial,
@@ -139,8 +139,8 @@ __global__ void __launch_bounds__(kThreads)
   const RowInput<T, F, KL, kSplits> early =
       early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
-  const bool own = io.sizes.own != nullptr;
-  TokenShape s = quant_token_shape(lc, tp, plan.reduce, own ? counted<true>(io, g.me / tp) : io, w.wire_units);
+  constexpr bool own = kOwn;
+  TokenShape s = quant_token_shape(lc, tp, plan.reduce, counted<kOwn>(io, g.me / tp), w.wire_units);
   if (own) s.rc.hash = kOwnCountsHash;
   check_buffers(lc.cx, s.rc.count(s.d) > io.in_rows || s.rc.offset[s.dp] > io.out_rows);
   // The algorithm field holds the Lamport slot, so the quantized gathers' fields go in the
@@ -196,8 +196,9 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_units);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
-      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>,
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr, [&](auto kl, auto m, auto own) {
+      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value,
+                                                     decltype(own)::value>,
                                 grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op,
                                 algorithm, tp, partial, (const uint2*)in, (const uint2*)residual,
                                 (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);

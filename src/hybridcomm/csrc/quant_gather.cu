@@ -55,9 +55,9 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
       [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
 
-// M: the RowMode (quant_rows.cuh). io.sizes.own set: own-count mode (own_count.cuh; a runtime
-// choice, not an instance: the exchange is a few instructions beside the rows' work).
-template <typename T, int F, int KL, int M>
+// M: the RowMode (quant_rows.cuh). kOwn: own-count mode (own_count.cuh): io.sizes.own is this
+// DP group's count alone.
+template <typename T, int F, int KL, int M, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kThreads)
       early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
-  const bool own = io.sizes.own != nullptr;
-  TokenShape s = token_shape(cx, tp, own ? counted<true>(io, g.me / tp).sizes : io.sizes,
+  constexpr bool own = kOwn;
+  TokenShape s = token_shape(cx, tp, counted<kOwn>(io, g.me / tp).sizes,
                              io.row_lanes > w.wire_lanes ? io.row_lanes : w.wire_lanes);
   s.row_lanes = io.row_lanes;
   if (own) s.rc.hash = kOwnCountsHash;
@@ -131,9 +131,10 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_lanes);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, [&](auto kl, auto m) {
-      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value>, grid.blocks,
-                                grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp, partial,
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr, [&](auto kl, auto m, auto own) {
+      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value, decltype(own)::value>,
+                                grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp,
+                                partial,
                                 (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
                                 eps, global_scale, w, io);
     });

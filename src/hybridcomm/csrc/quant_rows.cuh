@@ -661,12 +661,16 @@ int with_row_mode(int mode, Launch launch) {
   return launch(std::integral_constant<int, kRowsPlain>{});
 }
 
-// launch(KL, M) with both as std::integral_constant: the kernel instance for rows of `data_lanes`
-// lanes in RowMode `mode`.
+// launch(KL, M, OWN) as std::integral_constants: the kernel instance for rows of `data_lanes`
+// lanes in RowMode `mode`, in own-count mode or not (own_count.cuh: an instance each, so the
+// given-count instances hold none of own-count mode's code; stage_my_rows' first row is some).
 template <int F, typename Launch>
-int with_kernel_instance(int64_t data_lanes, int mode, Launch launch) {
-  return with_lanes_per_thread<F>(data_lanes,
-                                  [&](auto kl) { return with_row_mode(mode, [&](auto m) { return launch(kl, m); }); });
+int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) {
+  return with_lanes_per_thread<F>(data_lanes, [&](auto kl) {
+    return with_row_mode(mode, [&](auto m) {
+      return own ? launch(kl, m, std::true_type{}) : launch(kl, m, std::false_type{});
+    });
+  });
 }
 
 // Both launchers' grid: at least one row team per row a rank stages (a team works its rows one
