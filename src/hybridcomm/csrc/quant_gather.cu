@@ -56,9 +56,13 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
 }
 
 // M: the RowMode (quant_rows.cuh). kOwn: own-count mode (own_count.cuh): io.sizes.own is this
-// DP group's count alone.
+// DP group's count alone. Plain rows' instances are bound to one block an SM (as their grids
+// are: blocks_for): left free, ptxas gave the given-count nvfp4 one 64 registers and 28 / 32
+// bytes of spills, and a 128-token DP2 call took 1.23x the time (run 78 of results/shared_1xH100;
+// scripts/kernel_resources.py: with the bound no plain instance spills; 0 leaves the others as
+// they were).
 template <typename T, int F, int KL, int M, bool kOwn>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, M == kRowsPlain ? 1 : 0)
     quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
                  uint2* __restrict__ residual_out, float eps, const float* __restrict__ global_scale_ptr,
