@@ -116,9 +116,10 @@ def _calls(comm: Communicator, forced_comms: dict, counts: list[int], hidden: in
     g = GLOBAL_SCALE if FORMATS[fmt].needs_global_scale else None
     spec = parse_quant(fmt, g, None, device)
     engines = QuantThenGather(comm, plain, fmt, hidden, spec.global_scale)
-    x = engines.input(max(counts)).normal_()[:mine]
+    capacity = engines.input(max(counts)).normal_()
+    x = capacity[:mine]
     ours = _our_counts(counts, counts_mode, mine, device)
-    xo = x if counts_mode == "host" else engines.input(max(counts))  # (device, own: the capacity)
+    xo = x if counts_mode == "host" else capacity  # our calls' input (device, own counts: the capacity)
     calls = {"hc_bf16": lambda: comm.gather_tokens(xo, ours()),
              "hybridcomm": lambda: comm.gather_tokens(xo, ours(), quant=fmt, global_scale=spec.global_scale),
              "nccl_q": lambda: engines.gather(x, counts)}
