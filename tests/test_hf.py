@@ -6,6 +6,7 @@ group with no sequences."""
 import pytest
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 pytest.importorskip("transformers")
 
@@ -22,19 +23,24 @@ SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: unev
 
 
 def _decode_against_reference(name: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
-                              experts: str | None = None) -> dict:
+                              experts: str | None = None, compiled: bool = False) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
     config = configs.make(name)
     model = hf.from_config(config, comm, seed=7)
     if experts is not None:
         model.model.set_experts_implementation(experts)
+    if compiled:
+        model.compile()
+    graphs_before = counters["stats"]["unique_graphs"]
     counts = SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
     decoder = hf.Decoder(model, slots=max(counts), max_len=12, graphs=False, device_counts=device_counts)
     fed, logits = check.decode(decoder, prompts, check.pause_schedule(counts, 4))
-    return check.compare(hf.reference_model(config, seed=7), prompts, fed, logits)
+    result = check.compare(hf.reference_model(config, seed=7), prompts, fed, logits)
+    result["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
+    return result
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -63,6 +69,16 @@ def test_batched_mm_experts(pool):
     for r in pool(4).run(_decode_against_reference, "deepseek_v3-featured", 2, 2, True, "batched_mm",
                          timeout=300):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+@pytest.mark.parametrize("device_counts", [False, True], ids=["host_counts", "device_counts"])
+def test_compiled_regions_match_single_process(pool, device_counts):
+    """ParallelCausalLM.compile(): decode steps through torch.compile'd attention and MoE
+    regions (CPU: inductor's C++ code) give the single-process model's logits."""
+    for r in pool(4).run(_decode_against_reference, "qwen3_moe-tiny", 2, 1, device_counts, None, True,
+                         timeout=600):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+        assert r["compiled_graphs"] >= 2 * 2, r  # both regions of both layers ran compiled
 
 
 def _parallelize_materialised_model() -> float:
@@ -148,13 +164,15 @@ def test_layout_that_does_not_divide_the_heads():
         RankPlan.make(config, hf.FAMILIES["qwen3_moe"], hc.Layout(8, attn_tp=8), 0)
 
 
-def test_bench_model_on_cpu(pool):
+@pytest.mark.parametrize("compiled", [False, True], ids=["modules", "compiled"])
+def test_bench_model_on_cpu(pool, compiled):
     """`hybridcomm bench model`'s worker call (eager on CPU): every point times, checks and
-    reports; the NCCL rows, which need GPUs, are skipped with the reason."""
-    from hybridcomm.bench.model import format_model_table, run_model_bench, verdict
+    reports, with transformers' modules as they are or compiled regions; the NCCL rows, which
+    need GPUs, are skipped with the reason."""
+    from hybridcomm.bench.model import COMPUTE_NOTES, format_model_table, run_model_bench, verdict
 
     outs = pool(4).run(run_model_bench, "qwen3_moe-tiny", 1, "dp2xtp2", None, [[3, 0], [1, 2]],
-                       ["reference", "nccl_symm"], 3, "float32", True, 0, timeout=300)
+                       ["reference", "nccl_symm"], 3, "float32", True, 0, False, compiled, timeout=300)
     assert all(o["results"] == outs[0]["results"] for o in outs)  # phases are each rank's own seconds
     runs = outs[0]["results"]
     assert [r["tokens_per_dp"] for r in runs] == [[3, 0], [1, 2]]
@@ -163,8 +181,10 @@ def test_bench_model_on_cpu(pool):
         assert row["max_rel_error"] < 1e-5 and row["top1_agreement"] == 1.0
         assert row["step_us"] > 0 and row["comm_us"] > 0 and "vs_fp32" not in row  # fp32: no noise floor
         assert "needs CUDA" in skipped["skipped"] and skipped["backend"] == "nccl-symm"
+        assert run["compiled"] is compiled
     table = format_model_table(outs[0])
     assert "reference" in table and "skipped: nccl_symm needs CUDA" in table and "PASS" in verdict(outs[0])
+    assert COMPUTE_NOTES[compiled] in table and COMPUTE_NOTES[not compiled] not in table
 
 
 def test_bench_model_bf16_beside_its_noise_floor(pool):

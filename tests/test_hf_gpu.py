@@ -5,6 +5,7 @@ GPUs (dp2, tp2) or 4 (dp2xtp2, dp4, tp4, dp2xtp2 with moe_tp 2); skipped without
 import pytest
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 from conftest import gpu_count, needs_gpus, needs_nccl
 
@@ -22,7 +23,7 @@ SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 
 
-def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name: str) -> dict:
+def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name: str, compiled: bool = False) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     kernels.poison_outputs = True  # rows the transitions leave unspecified are NaN: the model must not read them
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
@@ -30,6 +31,9 @@ def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name
     dtype = getattr(torch, dtype_name)
     config = configs.make(name)
     model = hf.from_config(config, comm, seed=11, dtype=dtype)
+    if compiled:
+        model.compile()
+    graphs_before = counters["stats"]["unique_graphs"]
     counts = SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
@@ -41,6 +45,7 @@ def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name
     result["graphs"] = len(decoder._captured)
     result["keys"] = len({decoder.graph_key(c) for c in schedule})  # buckets (device counts) or count mixes
     result["mixes"] = len({tuple(c) for c in schedule})
+    result["compiled_graphs"] = counters["stats"]["unique_graphs"] - graphs_before
     del decoder  # its graphs hold the Communicator's buffers
     torch.cuda.synchronize()
     comm.close()  # on every rank here, not at garbage collection (nccl_symm's windows are released collectively)
@@ -57,6 +62,18 @@ def test_graph_decode_matches_one_gpu(pool, family, layout, dtype):
         if dtype == "float32":
             assert r["top1_agreement"] == 1.0, r
         assert r["graphs"] == r["keys"] <= r["mixes"], r  # one capture per bucket, not per count mix
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])
+def test_compiled_regions_in_graphs_match_one_gpu(pool, family):
+    """ParallelCausalLM.compile(): the regions compile in the eager run before each capture and
+    replay inside the decode graphs; logits as the uncompiled model's (bf16 tolerance)."""
+    _, attn_tp, moe_tp = LAYOUTS[0]
+    for r in pool(WORLD, "cuda").run(_graph_decode, f"{family}-tiny", attn_tp, moe_tp, "auto", "bfloat16", True,
+                                     timeout=600):
+        assert r["max_rel_error"] < TOLERANCE["bfloat16"], r
+        assert r["graphs"] == r["keys"] <= r["mixes"], r
+        assert r["compiled_graphs"] >= 2 * 2, r  # both regions of both layers compiled
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[name for name, _, _ in LAYOUTS])

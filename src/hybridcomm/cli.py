@@ -395,7 +395,8 @@ def cmd_bench_model(args) -> int:
     tokens = args.tokens or _model_tokens("1,4,16,64,256,uneven" if cuda else "4,6:2")
     results = bench_model(configs, [lay.name for lay in layouts], tokens, world, device, backends, args.steps,
                           args.dtype or ("bfloat16" if cuda else "float32"), layers=args.layers,
-                          check_logits=not args.no_check, seed=args.seed, eager=args.eager, timeout_s=args.timeout)
+                          check_logits=not args.no_check, seed=args.seed, eager=args.eager, timeout_s=args.timeout,
+                          compiled=cuda if args.compile is None else args.compile)
     table = "\n".join([_timing_note(not args.eager and cuda, device), format_model_table(results), verdict(results)])
     print(table)
     if args.out:
@@ -581,6 +582,10 @@ def parser() -> argparse.ArgumentParser:
     model.add_argument("--seed", type=int, default=0, help="random weights and prompts (default 0)")
     model.add_argument("--no-check", action="store_true", help="skip the single-device comparison")
     model.add_argument("--eager", action="store_true", help="GPUs: no CUDA graphs (wall-clock step times)")
+    model.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                       help="torch.compile the layers' compute regions, as engines fuse them "
+                            "(ParallelCausalLM.compile; default: on GPUs); --no-compile runs transformers' "
+                            "modules as they are")
     model.add_argument("--out", default=None, help="JSON path (.md written beside it)")
     model.set_defaults(fn=cmd_bench_model)
     return p

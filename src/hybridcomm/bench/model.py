@@ -3,7 +3,10 @@ checked against the unmodified single-device model.
 
 One worker call per (config, layout) runs every tokens point: the rank's shard is built once
 (random weights drawn on the device), then per point and backend: prefill, greedy decode
-steps, the step time and the communication share. On CUDA each decode step is a CUDA graph:
+steps, the step time and the communication share. On GPUs the shard's layers run their compute
+regions compiled by default (ParallelCausalLM.compile: engines fuse what transformers' modules
+launch as ~110 kernels a layer; `--no-compile` for the modules as they are), the same shard for
+every backend. On CUDA each decode step is a CUDA graph:
 the NCCL paths ("nccl": all-gather / reduce-scatter / all-reduce on ordinary tensors;
 "nccl_symm": the same on buffers registered with NCCL as symmetric windows) are captured with
 their exact host counts, hybridcomm ("auto") once per capacity bucket with device-side counts;
@@ -44,6 +47,9 @@ REPLAYS = 50
 KEEP = 4  # sequences per DP group whose logits are kept for the relative error
 HOST_COUNTS = ("nccl", "nccl_symm")  # backends that read counts on the host: one graph per count mix
 NCCL_PATHS = ("nccl", "nccl-symm")  # labels of the baselines the speed-up is measured against
+COMPUTE_NOTES = {True: "compute: each layer's attention and MoE regions compiled (torch.compile; "
+                        "ParallelCausalLM.compile), the same model on every path",
+                 False: "compute: transformers' modules as they are (~110 kernels a layer; --compile fuses them)"}
 UNEVEN_HIGH = 16  # the uneven mix: one DP group with this many tokens, the others with 1
 _communicators: dict[tuple, Communicator] = {}  # per worker: process groups and workspaces are costly
 
@@ -193,10 +199,11 @@ def _layers(config_name: str, layers: int | None, device, dtype) -> int | None:
 
 def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_tp: int | None,
                     points: list[list[int]], backends: list[str], steps: int, dtype_name: str,
-                    check_logits: bool, seed: int, eager: bool = False) -> dict:
+                    check_logits: bool, seed: int, eager: bool = False, compiled: bool = False) -> dict:
     """On every rank of an SpmdPool: every point (tokens per DP group) of one layout. Returns the
     same dict on every rank: {"results": one run per point, "phases": seconds per phase}.
-    eager: no CUDA graphs on GPUs (steps timed by wall clock, like CPU runs)."""
+    eager: no CUDA graphs on GPUs (steps timed by wall clock, like CPU runs). compiled: the
+    layers' compute regions through torch.compile (ParallelCausalLM.compile), for every backend."""
     from .. import hf
     from ..hf import check, configs
 
@@ -213,6 +220,8 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
     usable = [b for b in backends if isinstance(comms[b], Communicator)]
     phases.done("communicators")
     model = hf.from_config(config, comms[usable[0]], seed=seed, dtype=dtype) if usable else None
+    if model is not None and compiled:
+        model.compile()
     phases.done(f"shard of {config.num_hidden_layers} layers built")
     runs, outputs = [], []
     for counts in points:
@@ -226,8 +235,8 @@ def run_model_bench(config_name: str, layers: int | None, layout_name: str, moe_
             rows.append(row)
             kept[row["backend"]] = outs
         runs.append({"config": config_name, "layers": config.num_hidden_layers, "layout": layout.name,
-                     "tokens_per_dp": list(counts), "dtype": dtype_name, "graphs": graphs, "steps": steps,
-                     "backends": rows})
+                     "tokens_per_dp": list(counts), "dtype": dtype_name, "graphs": graphs, "compiled": compiled,
+                     "steps": steps, "backends": rows})
         outputs.append((prompts, kept))
         phases.done(f"tokens/dp {counts}")
     del model
@@ -329,7 +338,7 @@ def _floor_note(config, device) -> str | None:
 
 def bench_model(configs, layouts, tokens_list, world_size: int, device: str, backends, steps: int,
                 dtype: str, layers: int | None = None, check_logits: bool = True, seed: int = 0,
-                eager: bool = False, timeout_s: float = 900.0) -> dict:
+                eager: bool = False, timeout_s: float = 900.0, compiled: bool = False) -> dict:
     """Every config x layout in one pool of `world_size` ranks, one worker call (with its own
     deadline) each; progress on stderr."""
     from ..layout import Layout
@@ -352,7 +361,7 @@ def bench_model(configs, layouts, tokens_list, world_size: int, device: str, bac
             print(f"[model {i}/{len(jobs)}] {config} {name} tokens/dp {points} ...", file=sys.stderr, flush=True)
             try:
                 out = pool.run(run_model_bench, config, layers, name, moe_tp, points, list(backends), steps, dtype,
-                               check_logits, seed, eager, timeout=timeout_s)[0]
+                               check_logits, seed, eager, compiled, timeout=timeout_s)[0]
             except Exception as e:  # a deadline or a rank's error ends the pool: keep what finished
                 failed.append({"config": config, "layout": name, "error": f"{type(e).__name__}: {e}"[:2000]})
                 break
@@ -393,6 +402,7 @@ def format_model_table(results: dict) -> str:
     lines += [f"FAILED {f['config']} {f['layout']}: {f['error'].splitlines()[0]}" for f in results.get("failed", [])]
     lines.append("speed-up: the best NCCL path's step time (nccl or nccl-symm) over the row's; comm %: the "
                  "step's transitions timed alone over the step")
+    lines += sorted({COMPUTE_NOTES[bool(run.get("compiled"))] for run in results["results"]})
     lines += sorted({f"not compared with fp32: {b['vs_fp32']['skipped']}" for run in results["results"]
                      for b in run["backends"] if "skipped" in b.get("vs_fp32", {})})
     if fp32:
@@ -435,5 +445,5 @@ def verdict(results: dict) -> str:
 
 
 def _span(errors: list[dict]) -> str:
-    return (f"max rel err {max(e['max_rel_error'] for e in errors):.3g} (median {max(e['median_rel_error'] for e in errors):.2g}), "
-            f"top-1 {min(e['top1_agreement'] for e in errors):.3f}")
+    worst, median = max(e["max_rel_error"] for e in errors), max(e["median_rel_error"] for e in errors)
+    return f"max rel err {worst:.3g} (median {median:.2g}), top-1 {min(e['top1_agreement'] for e in errors):.3f}"

@@ -89,12 +89,16 @@ class Decoder:
             return "device", bucket(max(dp_counts), self.slots)
         return "host", tuple(dp_counts)
 
+    def graph(self, dp_counts) -> torch.cuda.CUDAGraph:
+        """The captured step that runs `dp_counts` (after a step with them)."""
+        return self._captured[self.graph_key(dp_counts)][0]
+
     def replay_us(self, dp_counts, replays: int) -> float:
         """µs per replay of the captured step for `dp_counts` (timed with CUDA events; each
         replay rewrites the same cache positions, so the cache stays valid)."""
         from ..bench.timing import replay_us
 
-        return replay_us(self._captured[self.graph_key(dp_counts)][0], replays)
+        return replay_us(self.graph(dp_counts), replays)
 
     def _static_step(self, tokens, positions, dp_counts):
         n = tokens.shape[0]
@@ -129,8 +133,11 @@ class Decoder:
             return None, ids, pos, counts, None, run
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
+        fresh = not self.cache.buffers
         with torch.cuda.stream(side):  # lazy setup (NCCL, allocator, kernels' first launch) outside capture
             run()
+            if fresh:  # that run allocated the cache; this one takes the capture's path (compiled regions compile)
+                run()
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()

@@ -12,6 +12,11 @@ Per decoder layer, on every rank:
 The router runs replicated on every token; a token's routes to experts this rank does not own
 go to the experts module's "skip" index. The attention, norm, router and expert modules are
 the transformers model's own (with cut weights), so the arithmetic is the model's.
+
+`compile()` runs a layer's two compute regions (input norm + attention; router + experts +
+shared experts) through torch.compile for decode steps, the transitions between them left as
+they are: transformers' modules spend ~110 small kernels a layer on them, which engines fuse
+(scripts/model_profile.py measures what that costs).
 """
 
 from __future__ import annotations
@@ -48,6 +53,18 @@ class ParallelCausalLM:
         self.layers = list(layers(model))
         self.moe = [is_moe_layer(model, family, i) for i in range(len(self.layers))]
         self.first_expert = plan.experts.start
+        self.compiled = None  # (attention region, MoE region) once compile() is called
+
+    def compile(self, **options) -> "ParallelCausalLM":
+        """Compile the layers' compute regions (torch.compile `options`, default dynamic=False:
+        one compile per layer and bucket shape, done in the eager run before a graph capture).
+        Used by decode forwards (one token a sequence) on a cache that already holds its
+        buffers; prefills and a fresh cache's first forward (it allocates the buffers) run
+        eagerly, so no compile happens inside a capture. Returns self."""
+        options = {"dynamic": False, **options}
+        self.compiled = (torch.compile(self._attention_region, **options), torch.compile(self._ffn, **options))
+        _allow_recompiles(2 * DECODE_SHAPES * len(self.layers))
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -72,9 +89,10 @@ class ParallelCausalLM:
             mine = (torch.arange(n * q, device=x.device) < sizes[dp])[:, None]
         elif not isinstance(sizes, Counts):
             sizes = list(sizes)
+        regions = self._regions(q, cache)
         rotary = self._rotary(x, positions, cache)
         for i, layer in enumerate(self.layers):
-            x = self._layer(i, layer, x, (n, q), rotary, cache, sizes, valid)
+            x = self._layer(i, layer, x, (n, q), rotary, cache, sizes, valid, regions)
             if mine is not None:
                 x = torch.where(mine, x, 0.0)
         x = self.model.model.norm(x)
@@ -89,29 +107,37 @@ class ParallelCausalLM:
         cos_sin = self.model.model.rotary_emb(x, positions)
         return cos_sin, attention_mask(positions, cache.positions, x.dtype)
 
-    def _layer(self, i, layer, x, shape, rotary, cache, sizes, valid):
+    def _regions(self, q: int, cache):
+        """The (attention, MoE) region functions of this forward: compiled ones for decode
+        steps on an allocated cache (compile()), else the eager ones."""
+        if self.compiled is not None and q == 1 and cache.buffers:
+            return self.compiled
+        return self._attention_region, self._ffn
+
+    def _layer(self, i, layer, x, shape, rotary, cache, sizes, valid, regions):
+        attention_region, ffn = regions
         f = self.family
-        residual = x
-        h = getattr(layer, f.input_norm)(x)
-        a = self._attention(getattr(layer, f.attention), h, shape, rotary, cache)
+        if rotary is None:  # no sequences in this DP group: nothing to attend
+            a = torch.zeros_like(x)
+        else:
+            a = attention_region(layer, x, shape, rotary, cache)
         norm = getattr(layer, f.post_attention_norm)
-        moe_in, residual = self.comm.gather_tokens(a, sizes, residual=residual, norm_weight=norm.weight,
+        moe_in, residual = self.comm.gather_tokens(a, sizes, residual=x, norm_weight=norm.weight,
                                                    eps=norm.variance_epsilon)
-        y = self._ffn(i, getattr(layer, f.mlp), moe_in, valid)
+        y = ffn(i, getattr(layer, f.mlp), moe_in, valid) if moe_in.shape[0] else torch.zeros_like(moe_in)
         return residual + self.comm.scatter_tokens(y, sizes)[: residual.shape[0]]
 
-    def _attention(self, attention, h, shape, rotary, cache):
-        if rotary is None:  # no sequences in this DP group: nothing to attend
-            return torch.zeros_like(h)
+    def _attention_region(self, layer, x, shape, rotary, cache):
+        """Input norm + attention of this DP group's rows: this rank's heads, partial over attn-TP."""
+        h = getattr(layer, self.family.input_norm)(x)
         (cos_sin, mask), (n, q) = rotary, shape
+        attention = getattr(layer, self.family.attention)
         out, _ = attention(hidden_states=h.reshape(n, q, -1), position_embeddings=cos_sin,
                            attention_mask=mask, past_key_values=cache)
         return out.reshape(n * q, -1).contiguous()
 
     def _ffn(self, i, mlp, x, valid):
         """This rank's share of the MLP / MoE output for all tokens (partial over the world)."""
-        if x.shape[0] == 0:
-            return torch.zeros_like(x)
         if not self.moe[i]:
             return mlp(x)  # a dense layer: intermediate dim cut over the world
         f = self.family
@@ -126,3 +152,16 @@ class ParallelCausalLM:
         if f.shared_experts:
             out = out + getattr(mlp, f.shared_experts)(x)
         return out
+
+
+DECODE_SHAPES = 12  # bucket shapes a compiled region may see per layer (powers of two to 2048 slots)
+
+
+def _allow_recompiles(needed: int) -> None:
+    """torch.compile keeps at most `recompile_limit` versions of a function (8 by default), then
+    runs it eagerly: each layer and bucket shape is a version of the same region (the layer's
+    index is a constant in transformers' cache calls), so raise the limits to what is needed."""
+    import torch._dynamo.config as dynamo
+
+    dynamo.recompile_limit = max(dynamo.recompile_limit, needed)
+    dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 2 * needed)
