@@ -420,6 +420,8 @@ class Communicator:
                 quant: QuantSpec | None) -> algorithms.Choice:
         if self.forced in ("reference", "nccl", "nccl_symm"):
             return algorithms.Choice(self.forced, None, f"backend={self.forced!r}")
+        if group.size == 1:  # the reference reads no counts there: graphs with device-side sizes work
+            return algorithms.Choice("reference", None, "a group of one rank: nothing travels")
         nodes = self._nodes(group) if quant is None else 1  # quantized gathers: flat (not across nodes yet)
         if nodes > 1:  # across nodes: the table's hierarchical legs or flat NCCL; on CPU always the legs
             choice = algorithms.choose_across_nodes(op, self._message_bytes(op, x, sizes, index), nodes,

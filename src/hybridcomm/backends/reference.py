@@ -148,6 +148,18 @@ class Call:
         return verdict(decoded, list(group.ranks), {r: group.ranks for r in group.ranks})
 
 
+def capacity_sizes(sizes: Sizes, x: torch.Tensor, groups: list[Group]) -> Sizes:
+    """Under graph capture, device-side sizes of a call whose exchange groups all have one
+    member, as host sizes of the capacity (x's rows). Nothing travels there, so no count is
+    needed, and reading one would synchronise, which a capture forbids. The rows past the real
+    count are computed like the others: the contract leaves them unspecified. A count above the
+    capacity goes unseen there (nothing reads it); eager calls still read the counts and raise."""
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if capturing and sizes.on_device and all(g.size == 1 for g in groups):
+        return Sizes(sizes.count, host=(x.shape[0],) * sizes.count)
+    return sizes
+
+
 def gather_owned(rows: torch.Tensor, counts: list[int], group: Group, capacity: int, call: Call, quant=None):
     """Every member's own rows, concatenated and padded to `capacity`; with `quant`, each
     member quantizes its rows first and the quantized bytes travel (QuantizedRows). The
@@ -194,18 +206,21 @@ class ReferenceBackend:
 
     def all_gather_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None, quant=None):
         x = fix_reserved(x)
+        sizes = capacity_sizes(sizes, x, [group])
         sig = describe_call("all_gather_v", group.name, x, sizes)
         counts = list(sig.sizes)
         return gather_owned(x[: counts[group.index]], counts, group,
                             result_rows(sizes, group.index, x.shape[0], gathered=True), self._call(sig, group), quant)
 
     def reduce_scatter_v(self, x: torch.Tensor, sizes: Sizes, group: Group, algorithm=None) -> torch.Tensor:
+        sizes = capacity_sizes(sizes, x, [group])
         sig = describe_call("reduce_scatter_v", group.name, x, sizes)
         return _sum_my_rows(fix_reserved(x), sig, sizes, group.index, group, self._call(sig, group))
 
     def gather_tokens(self, x, dp_sizes: Sizes, partial: bool, fusion=None, algorithm=None, quant=None):
         x = fix_reserved(x)
         tp, dp, world = self.groups["attn_tp"], self.groups["attn_dp"], self.groups["world"]
+        dp_sizes = capacity_sizes(dp_sizes, x, [world])
         sig = describe_call("gather_tokens", world.name, x, dp_sizes, partial, fusion)
         call = self._call(sig, world)
         counts = list(sig.sizes)
@@ -226,6 +241,7 @@ class ReferenceBackend:
 
     def scatter_tokens(self, y: torch.Tensor, dp_sizes: Sizes, algorithm=None) -> torch.Tensor:
         world = self.groups["world"]
+        dp_sizes = capacity_sizes(dp_sizes, y, [world])
         sig = describe_call("scatter_tokens", world.name, y, dp_sizes)
         # Rows of every DP group summed over the whole world: my DP group's slice of them.
         return _sum_my_rows(fix_reserved(y), sig, dp_sizes, self.groups["attn_dp"].index, world, self._call(sig, world))
