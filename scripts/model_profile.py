@@ -27,18 +27,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 class LocalTransitions:
-    """The two calls hf.ParallelCausalLM makes, with the shapes a rank of `layout` sees and no
-    communication: gather_tokens repeats this rank's normed rows attn_dp times, scatter_tokens
+    """The two calls hf.ParallelCausalLM makes, with the shapes a rank of `layout` sees, no
+    communication and no arithmetic: gather_tokens repeats this rank's rows attn_dp times (no
+    residual add, no norm: on every real path the transition does those), scatter_tokens
     returns this rank's share. Enough to time a rank's compute, not to compute its answer."""
 
     def __init__(self, layout, rank: int, device: torch.device):
         self.layout, self.rank, self.device = layout, rank, device
 
     def gather_tokens(self, x, sizes, residual=None, norm_weight=None, eps=1e-6, partial=True):
-        from hybridcomm.norm import add_rms_norm
-
-        normed, residual = add_rms_norm(x.float(), residual, norm_weight, eps)
-        return normed.repeat(self.layout.attn_dp, 1), residual
+        return x.repeat(self.layout.attn_dp, 1), residual
 
     def scatter_tokens(self, y, sizes):
         return y[: y.shape[0] // self.layout.attn_dp]

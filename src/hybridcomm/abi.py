@@ -219,6 +219,9 @@ SIGNATURES = {
                                 _I64, _I64, _I, _P],
     # the quantizers' element conversions (element_codes.cu, for tests)
     "hc_element_codes": [_I, _P, _P, _I64, _P],
+    # residual add + RMSNorm (add_rms_norm.cu, the NCCL baseline's fused norm): dtype, reduced, residual, weight,
+    # eps, normed, residual_out, rows, row_bytes, stream
+    "hc_add_rms_norm": [_I, _P, _P, _P, _F, _P, _P, _I64, _I64, _P],
     # Lamport one-shots (lamport_*.cu)
     "hc_lamport_all_reduce": [_G, _L, _I, _P, _P, _I64, _I, _P],
     "hc_lamport_all_gather_v": [_G, _L, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],

@@ -298,6 +298,35 @@ def _fake_rows(x, out_rows):
     return x.new_empty((out_rows,) + tuple(x.shape[1:]))
 
 
+def add_rms_norm(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm.add_rms_norm in one kernel (csrc/add_rms_norm.cu): contiguous (rows, hidden) CUDA
+    tensors and a (hidden,) weight, all of one dtype, rows of whole 8-byte lanes (the caller
+    checks: add_rms_norm_fits). residual_out is bit for bit norm.py's; normed may differ from
+    it in the last place (another summation order). Returns (normed, residual_out); normed
+    goes into `out` when given. No communication, hence no group, and no PDL."""
+    from . import build
+
+    normed = out if out is not None else torch.empty_like(residual)
+    residual_out = torch.empty_like(residual)
+    lib = build.load(build.device_arch())
+    _launch("add_rms_norm", lib.hc_add_rms_norm(DTYPE_CODE[residual.dtype], reduced.data_ptr(), residual.data_ptr(),
+                                                weight.data_ptr(), float(eps), normed.data_ptr(),
+                                                residual_out.data_ptr(), residual.shape[0], _row_bytes(residual),
+                                                _stream(residual)))
+    return normed, residual_out
+
+
+def add_rms_norm_fits(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      out: torch.Tensor | None = None) -> bool:
+    """Whether add_rms_norm's kernel takes these tensors."""
+    tensors = [reduced, residual, weight] + ([out] if out is not None else [])
+    return (residual.is_cuda and residual.dim() == 2 and residual.dtype in DTYPE_CODE
+            and all(t.dtype == residual.dtype and t.is_contiguous() and t.device == residual.device for t in tensors)
+            and reduced.shape == residual.shape and (out is None or out.shape == residual.shape)
+            and weight.shape == residual.shape[1:] and _row_bytes(residual) % 8 == 0)
+
+
 torch.library.register_fake("hybridcomm::all_reduce")(lambda x, group, algorithm, pdl: torch.empty_like(x))
 torch.library.register_fake("hybridcomm::all_reduce_pipelined")(
     lambda x, group, chunk, blocks, pdl: torch.empty_like(x))

@@ -33,8 +33,8 @@ import torch.distributed as dist
 
 from ..arguments import result_rows, split_evenly
 from ..groups import Group
-from ..norm import add_rms_norm
-from .nccl import NcclBackend, _host_counts, all_gather_rows, gather_tokens_two_step, scatter_tokens_two_step
+from .nccl import (NcclBackend, _host_counts, all_gather_rows, engine_add_rms_norm, gather_tokens_two_step,
+                   scatter_tokens_two_step)
 from .reference import pad_rows
 
 RING = 2  # result slots per transition
@@ -148,7 +148,7 @@ class NcclSymmBackend(NcclBackend):
             reduced = self._stage(arena, x, mine)
             dist.all_reduce(reduced, group=tp.pg)
         send = arena.view("send", mine, x)
-        _, residual_out = add_rms_norm(reduced, fusion.residual[:mine], fusion.weight, fusion.eps, out=send)
+        _, residual_out = engine_add_rms_norm(reduced, fusion.residual[:mine], fusion.weight, fusion.eps, out=send)
         all_gather_rows(send, counts, dp, out=out)
         return pad_rows(out, gathered_rows), pad_rows(residual_out, result_rows(dp_sizes, dp.index, x.shape[0], False))
 
