@@ -3,9 +3,9 @@ checked against the unmodified single-device model.
 
 One worker call per (config, layout) runs every tokens point: the rank's shard is built once
 (random weights drawn on the device), then per point and backend: prefill, greedy decode
-steps, the step time and the communication share. On GPUs the shard's layers run their compute
-regions compiled by default (ParallelCausalLM.compile: engines fuse what transformers' modules
-launch as ~110 kernels a layer; `--no-compile` for the modules as they are), the same shard for
+steps, the step time and the communication share. On GPUs `bench model` compiles the shard's
+compute regions by default (ParallelCausalLM.compile: engines fuse what transformers' modules
+launch as ~100 kernels a layer; `--no-compile` for the modules as they are), the same shard for
 every backend. On CUDA each decode step is a CUDA graph:
 the NCCL paths ("nccl": all-gather / reduce-scatter / all-reduce on ordinary tensors;
 "nccl_symm": the same on buffers registered with NCCL as symmetric windows) are captured with
@@ -49,7 +49,7 @@ HOST_COUNTS = ("nccl", "nccl_symm")  # backends that read counts on the host: on
 NCCL_PATHS = ("nccl", "nccl-symm")  # labels of the baselines the speed-up is measured against
 COMPUTE_NOTES = {True: "compute: each layer's attention and MoE regions compiled (torch.compile; "
                         "ParallelCausalLM.compile), the same model on every path",
-                 False: "compute: transformers' modules as they are (~110 kernels a layer; --compile fuses them)"}
+                 False: "compute: transformers' modules as they are (~100 kernels a layer; --compile fuses them)"}
 UNEVEN_HIGH = 16  # the uneven mix: one DP group with this many tokens, the others with 1
 _communicators: dict[tuple, Communicator] = {}  # per worker: process groups and workspaces are costly
 

@@ -15,7 +15,7 @@ the transformers model's own (with cut weights), so the arithmetic is the model'
 
 `compile()` runs a layer's two compute regions (input norm + attention; router + experts +
 shared experts) through torch.compile for decode steps, the transitions between them left as
-they are: transformers' modules spend ~110 small kernels a layer on them, which engines fuse
+they are: transformers' modules spend ~100 small kernels a layer on them, which engines fuse
 (scripts/model_profile.py measures what that costs).
 """
 
