@@ -12,7 +12,7 @@ import pytest
 from conftest import gpu_count, needs_gpus
 from test_gpu import REPLAY_OPS
 from hybridcomm import Layout
-from hybridcomm.check import Case, replay_check
+from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(1)]
 
@@ -42,3 +42,12 @@ def test_one_rank_groups_replay_with_new_device_side_sizes(pool, layout):
                                                                           timeout=600)):
             what = f"{template.op} {template.group} partial={template.partial} fused={template.fused}"
             assert result["mismatches"] == 0, f"{what} rank {rank}: {result['failures']}"
+
+
+def test_nccl_backend_at_world_1_matches_the_oracle(pool):
+    """Every op of world 1 on the forced NCCL backend, whose transitions with one DP group are one
+    all-reduce (backends/nccl.py one_all_reduce; test_gpu.py covers TP2 / TP4 on 2 or 4 GPUs)."""
+    cases = cases_for_layout(Layout(1), dtypes=("bfloat16",), data="randn", row_shape=(64,), seed=5)
+    per_rank = pool(1, "cuda").run(check_poisoned_cases, cases, "nccl", "none", timeout=300)
+    failures = failures_of(cases, per_rank)
+    assert not failures, "\n".join(failures[:20])

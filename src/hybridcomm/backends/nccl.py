@@ -3,8 +3,10 @@ sizes and groups where our kernels do not win (or cannot run: across nodes).
 
 The token transitions are the two-collective sequences SGLang runs:
 gather_tokens = reduce-scatter(attn-TP) + all-gather(world); scatter_tokens =
-reduce-scatter(world) + all-gather(attn-TP). Uneven all-gather / reduce-scatter use
-torch's list APIs, which NCCL runs as grouped broadcasts / reduces.
+reduce-scatter(world) + all-gather(attn-TP). With one DP group (pure attention TP) both are
+one all-reduce over the world instead, the engines' path there (one_all_reduce). Uneven
+all-gather / reduce-scatter use torch's list APIs, which NCCL runs as grouped broadcasts /
+reduces.
 
 Results agree with the reference within rounding (NCCL reduces in its own order and
 in the input dtype), not bit for bit. The fused transition's residual add + RMSNorm runs as
@@ -89,6 +91,14 @@ def all_reduce_copy(x: torch.Tensor, group: Group) -> torch.Tensor:
     return out
 
 
+def one_all_reduce(groups: dict[str, Group]) -> bool:
+    """Whether the engines run a transition as one all-reduce over the world: with one DP group
+    (pure attention TP) the summed rows are the whole result, so vLLM and SGLang all-reduce
+    them (the two-collective sequences cost 2.5x that at 1 token on 4x H200: bench transitions'
+    nccl against nccl_ar)."""
+    return groups["attn_dp"].size == 1
+
+
 # -- the engines' two-collective transitions (also the benchmarks' baselines, on their buffers) --
 def gather_tokens_two_step(x: torch.Tensor, counts: list[int], groups: dict[str, Group], partial: bool = True,
                            chunk_out: torch.Tensor | None = None, out: torch.Tensor | None = None, quant=None):
@@ -163,6 +173,8 @@ class NcclBackend:
         dp = self.groups["attn_dp"]
         counts = _host_counts(dp_sizes)
         gathered = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
+        if fusion is None and partial and quant is None and one_all_reduce(self.groups):
+            return pad_rows(all_reduce_copy(x[: counts[0]], self.groups["world"]), gathered)
         if fusion is None:
             return pad_any(gather_tokens_two_step(x, counts, self.groups, partial, quant=quant), gathered)
         normed, residual_out = gather_tokens_norm_two_step(x, counts, self.groups, fusion, partial, quant)
@@ -170,5 +182,9 @@ class NcclBackend:
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm=None):
         dp = self.groups["attn_dp"]
-        mine = scatter_tokens_two_step(y, _host_counts(dp_sizes), self.groups)
+        counts = _host_counts(dp_sizes)
+        if one_all_reduce(self.groups):
+            mine = all_reduce_copy(y[: counts[0]], self.groups["world"])
+        else:
+            mine = scatter_tokens_two_step(y, counts, self.groups)
         return pad_rows(mine, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))

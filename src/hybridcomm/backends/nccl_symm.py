@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ..arguments import result_rows, split_evenly
 from ..groups import Group
 from .nccl import (NcclBackend, _host_counts, all_gather_rows, engine_add_rms_norm, gather_tokens_two_step,
-                   scatter_tokens_two_step)
+                   one_all_reduce, scatter_tokens_two_step)
 from .reference import pad_rows
 
 RING = 2  # result slots per transition
@@ -137,6 +137,10 @@ class NcclSymmBackend(NcclBackend):
         mine = counts[dp.index]
         out = arena.view(self._result_slot("gather_tokens"), total, x)
         gathered_rows = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
+        if fusion is None and partial and one_all_reduce(self.groups):  # as NcclBackend
+            out.copy_(x[:mine])
+            dist.all_reduce(out, group=self.groups["world"].pg)
+            return pad_rows(out, gathered_rows)
         if fusion is None:
             chunk = arena.view("send", split_evenly(mine, tp.size)[tp.index], x)
             gather_tokens_two_step(self._stage(arena, x, mine), counts, self.groups, partial, chunk_out=chunk, out=out)
@@ -159,9 +163,13 @@ class NcclSymmBackend(NcclBackend):
         if arena is None:
             return super().scatter_tokens(y, dp_sizes, algorithm)
         tp, dp = self.groups["attn_tp"], self.groups["attn_dp"]
-        staged = self._stage(arena, y, total)
         mine = counts[dp.index]
         out = arena.view(self._result_slot("scatter_tokens"), mine, y)
+        if one_all_reduce(self.groups):  # as NcclBackend
+            out.copy_(y[:mine])
+            dist.all_reduce(out, group=self.groups["world"].pg)
+            return pad_rows(out, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
+        staged = self._stage(arena, y, total)
         chunk_rows = split_evenly(mine, tp.size)[tp.index]
         chunk = out if tp.size == 1 else arena.view("send", chunk_rows, y)
         result = scatter_tokens_two_step(staged, counts, self.groups, chunk_out=chunk, out=out)
