@@ -134,3 +134,18 @@ def against_fp32(reference32, prompts: torch.Tensor, fed, ours, single_device) -
     (compare_logits dicts). Agreement means "ours" is no worse than "single_device"."""
     refs = list(reference_logits(reference32, prompts, fed))
     return {"ours": compare_logits(refs, ours), "single_device": compare_logits(refs, single_device)}
+
+
+def count_region_calls(model) -> list:
+    """Wrap a compiled model's region functions (ParallelCausalLM.compile) so that every call
+    of them appends to the returned list: how tests see that decode steps ran them."""
+    calls = []
+
+    def counted(region):
+        def run(*args):
+            calls.append(1)
+            return region(*args)
+        return run
+
+    model.compiled = tuple(counted(region) for region in model.compiled)
+    return calls
