@@ -303,18 +303,24 @@ def add_rms_norm(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     """norm.add_rms_norm in one kernel (csrc/add_rms_norm.cu): contiguous (rows, hidden) CUDA
     tensors and a (hidden,) weight, all of one dtype, rows of whole 8-byte lanes (the caller
     checks: add_rms_norm_fits). residual_out is bit for bit norm.py's; normed may differ from
-    it in the last place (another summation order). Returns (normed, residual_out); normed
-    goes into `out` when given. No communication, hence no group, and no PDL."""
-    from . import build
-
+    it in the last place in 16 bits, by a few units in fp32 (another summation order). Returns
+    (normed, residual_out); normed goes into `out` when given. No communication, hence no
+    group, and no PDL."""
     normed = out if out is not None else torch.empty_like(residual)
     residual_out = torch.empty_like(residual)
-    lib = build.load(build.device_arch())
-    _launch("add_rms_norm", lib.hc_add_rms_norm(DTYPE_CODE[residual.dtype], reduced.data_ptr(), residual.data_ptr(),
-                                                weight.data_ptr(), float(eps), normed.data_ptr(),
-                                                residual_out.data_ptr(), residual.shape[0], _row_bytes(residual),
-                                                _stream(residual)))
+    rc = _library().hc_add_rms_norm(DTYPE_CODE[residual.dtype], reduced.data_ptr(), residual.data_ptr(),
+                                    weight.data_ptr(), float(eps), normed.data_ptr(), residual_out.data_ptr(),
+                                    residual.shape[0], _row_bytes(residual), _stream(residual))
+    _launch("add_rms_norm", rc)
     return normed, residual_out
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    """The kernel library of this GPU, for launchers that belong to no group (loaded once)."""
+    from . import build
+
+    return build.load(build.device_arch())
 
 
 def add_rms_norm_fits(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

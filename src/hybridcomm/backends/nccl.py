@@ -31,7 +31,7 @@ def engine_add_rms_norm(reduced: torch.Tensor, residual: torch.Tensor, weight: t
                         out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """norm.add_rms_norm as engines run it between their collectives: one fused kernel (vLLM's
     fused_add_rms_norm, FlashInfer's fused_add_rmsnorm; ours, kernels.add_rms_norm, stands in
-    for theirs). Its torch ops took 13 kernels and 21-72 µs a call on an H100 against ~2-3 µs
+    for theirs). Its torch ops took 13 kernels and 21-73 µs a call on an H100 against 2.6-5.3 µs
     fused (scripts/norm_baseline.py), which made the NCCL baseline slower than an engine's. They
     still run where the kernel cannot: tensors it does not take, or no kernel library built
     (this never starts an nvcc build)."""
@@ -94,8 +94,8 @@ def all_reduce_copy(x: torch.Tensor, group: Group) -> torch.Tensor:
 def one_all_reduce(groups: dict[str, Group]) -> bool:
     """Whether the engines run a transition as one all-reduce over the world: with one DP group
     (pure attention TP) the summed rows are the whole result, so vLLM and SGLang all-reduce
-    them (the two-collective sequences cost 2.5x that at 1 token on 4x H200: bench transitions'
-    nccl against nccl_ar)."""
+    them (the two-collective sequences cost 2.2-2.7x that at TP4, 1 token, on 4x H200: bench
+    transitions' nccl against nccl_ar)."""
     return groups["attn_dp"].size == 1
 
 

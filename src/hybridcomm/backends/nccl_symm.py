@@ -120,6 +120,13 @@ class NcclSymmBackend(NcclBackend):
         self.calls[op] += 1
         return slot
 
+    def _all_reduce_into(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x's first rows (as many as `out`, a window) summed over the world, in place in `out`:
+        a transition with one DP group (one_all_reduce)."""
+        out.copy_(x[: out.shape[0]])
+        dist.all_reduce(out, group=self.groups["world"].pg)
+        return out
+
     @staticmethod
     def _stage(arena: SymmetricArena, x: torch.Tensor, rows: int) -> torch.Tensor:
         """x's first `rows` rows copied into the window (NCCL reads its inputs from there)."""
@@ -138,9 +145,7 @@ class NcclSymmBackend(NcclBackend):
         out = arena.view(self._result_slot("gather_tokens"), total, x)
         gathered_rows = result_rows(dp_sizes, dp.index, x.shape[0], gathered=True)
         if fusion is None and partial and one_all_reduce(self.groups):  # as NcclBackend
-            out.copy_(x[:mine])
-            dist.all_reduce(out, group=self.groups["world"].pg)
-            return pad_rows(out, gathered_rows)
+            return pad_rows(self._all_reduce_into(out, x), gathered_rows)
         if fusion is None:
             chunk = arena.view("send", split_evenly(mine, tp.size)[tp.index], x)
             gather_tokens_two_step(self._stage(arena, x, mine), counts, self.groups, partial, chunk_out=chunk, out=out)
@@ -166,9 +171,7 @@ class NcclSymmBackend(NcclBackend):
         mine = counts[dp.index]
         out = arena.view(self._result_slot("scatter_tokens"), mine, y)
         if one_all_reduce(self.groups):  # as NcclBackend
-            out.copy_(y[:mine])
-            dist.all_reduce(out, group=self.groups["world"].pg)
-            return pad_rows(out, result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
+            return pad_rows(self._all_reduce_into(out, y), result_rows(dp_sizes, dp.index, y.shape[0], gathered=False))
         staged = self._stage(arena, y, total)
         chunk_rows = split_evenly(mine, tp.size)[tp.index]
         chunk = out if tp.size == 1 else arena.view("send", chunk_rows, y)

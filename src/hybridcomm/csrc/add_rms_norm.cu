@@ -4,8 +4,7 @@
 // Nothing travels here. The NCCL baseline's fused transition runs it between its collectives,
 // where engines run their own fused add + RMSNorm kernel (backends/nccl.py): without it that
 // path paid ~13 small torch kernels a call (scripts/norm_baseline.py). A block a row, its lanes
-// spread over the threads and summed in gather_tokens_norm's order (block_sum over kThreads),
-// so for the same inputs its normed rows carry the fused gather's bits.
+// spread over the threads and summed as gather_tokens_norm sums them (block_sum over kThreads).
 #include <cuda_runtime.h>
 
 #include "block_reduce.cuh"
@@ -52,15 +51,6 @@ __global__ void __launch_bounds__(kThreads) add_rms_norm(const uint2* __restrict
 // The grid: a block a row, at most kMaxNormBlocks (a grid-stride loop covers the rest).
 constexpr int64_t kMaxNormBlocks = 1024;
 
-template <typename T>
-int launch_add_rms_norm(const void* reduced, const void* residual, const void* weight, float eps, void* normed,
-                        void* residual_out, int64_t rows, int64_t row_bytes, cudaStream_t stream) {
-  const int blocks = (int)(rows < kMaxNormBlocks ? rows : kMaxNormBlocks);
-  add_rms_norm<T><<<blocks, kThreads, 0, stream>>>((const uint2*)reduced, (const uint2*)residual, (const uint2*)weight,
-                                                    eps, (uint2*)normed, (uint2*)residual_out, rows, row_bytes / 8);
-  return (int)cudaGetLastError();
-}
-
 }  // namespace hc
 
 // rows x (row_bytes / element size) elements of `dtype` (abi.h codes) in every tensor but weight
@@ -70,17 +60,11 @@ extern "C" int hc_add_rms_norm(int dtype, const void* reduced, const void* resid
                                cudaStream_t stream) {
   if (rows < 0 || row_bytes <= 0 || row_bytes % 8) return (int)cudaErrorInvalidValue;
   if (rows == 0) return 0;
-  switch (dtype) {
-    case hc::kFloat32:
-      return hc::launch_add_rms_norm<float>(reduced, residual, weight, eps, normed, residual_out, rows, row_bytes,
-                                            stream);
-    case hc::kFloat16:
-      return hc::launch_add_rms_norm<__half>(reduced, residual, weight, eps, normed, residual_out, rows, row_bytes,
-                                             stream);
-    case hc::kBFloat16:
-      return hc::launch_add_rms_norm<__nv_bfloat16>(reduced, residual, weight, eps, normed, residual_out, rows,
-                                                    row_bytes, stream);
-    default:
-      return (int)cudaErrorInvalidValue;
-  }
+  const int blocks = (int)(rows < hc::kMaxNormBlocks ? rows : hc::kMaxNormBlocks);
+  HC_DISPATCH_DTYPE(dtype, {
+    hc::add_rms_norm<Elem><<<blocks, hc::kThreads, 0, stream>>>(
+        (const uint2*)reduced, (const uint2*)residual, (const uint2*)weight, eps, (uint2*)normed,
+        (uint2*)residual_out, rows, row_bytes / 8);
+  });
+  return (int)cudaGetLastError();
 }
