@@ -114,8 +114,9 @@ def test_one_graph_replayed_1000_times_with_random_device_side_sizes(pool, layou
         count = layout.attn_dp if op.endswith("tokens") else len(layout.group_ranks(group, 0))
         template = Case(op, layout, (0,) * count, group, row_shape=(256,), dtype="bfloat16", data="randn",
                         partial=partial, fused=fused, device_sizes=True)
+        # The fused gather's tables: LL (auto) and Lamport (fused_lamport, where one hop reaches every rank).
         for table in (("auto", "two_shot") if op in ("gather_tokens", "scatter_tokens") and partial and not fused
-                      else ("auto",)):
+                      else ("auto", "lamport") if fused else ("auto",)):
             replays = 1000 if table == "auto" else 200
             per_rank = pool(WORLD, "cuda").run(replay_check, template, replays, 6, table, 7, timeout=900)
             what = f"{op} {group} partial={partial} fused={fused} table={table}"

@@ -4,7 +4,7 @@ or 4 GPUs (skipped with fewer).
 A gather given `hc.Counts(own)` with `own` a 1-element int32 device tensor: each rank passes
 only its own (DP group's) count; the kernel exchanges the counts, writes them to `counts.sizes`,
 and the scatter that follows reads them there. Checked for every algorithm the tables can pick
-(LL one-shot, gather_tokens two-shot, the fused norm, the Lamport one-shot), every layout of
+(LL one-shot, gather_tokens two-shot, the fused norm on LL and on Lamport, the Lamport one-shot), every layout of
 the world, uneven counts with zeros, random data, against the oracle (bit for bit; the fused
 norm within one rounding) and against the reference backend given the same Counts:
 
@@ -38,7 +38,8 @@ from hybridcomm.quant.check import QuantCase, compare_quantized, oracle, quant_r
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 LAYOUTS = MAIN_LAYOUTS + [MIXED_LAYOUT]
-TABLES = ("one_shot", "two_shot", "lamport")  # with "auto" (the fused norm) every algorithm of both gathers
+# With "auto" (the fused norm on LL) every algorithm of both gathers; "lamport" has the fused one's too.
+TABLES = ("one_shot", "two_shot", "lamport")
 CAPACITY = 6
 
 
@@ -265,7 +266,7 @@ def replay_variants():
     for layout in MAIN_LAYOUTS:
         for variant in variants(layout):
             op, group, partial, fused = variant
-            tables = ("auto",) if fused else ("one_shot", "lamport")
+            tables = ("auto", "lamport") if fused else ("one_shot", "lamport")
             if op == "gather_tokens" and partial and not fused:
                 tables += ("two_shot",)
             if op == "all_gather_v" and group != "world":
@@ -285,32 +286,40 @@ def test_one_graph_of_gather_and_scatter_replays_200_times_with_new_own_counts(p
 
 
 # -- errors ------------------------------------------------------------------------------------------
-def _bad_counts(layout, table: str, kind: str, quant: str | None = None, partial: bool = True):
+def _bad_counts(layout, table: str, kind: str, quant: str | None = None, partial: bool = True, fused: bool = False):
     """kind "capacity": DP group 0 passes more rows than its input holds; "differ": the attn-TP
     ranks of DP group 0 pass different counts. Returns (what check_errors raised, whether
     the next call with good counts matched the oracle). quant: the gathers quantize so.
     partial=False: replicated rows, which the quantized gathers send before they learn the
-    counts (csrc/quant_rows.cuh stage_my_rows)."""
+    counts (csrc/quant_rows.cuh stage_my_rows). fused: with residual add + RMSNorm."""
     import hybridcomm as hc
 
     comm = communicator(layout, "auto", table)
     rank, device = comm.rank, comm.device
     c = layout.coords(rank)
     sizes = tuple(2 + d % 3 for d in range(layout.attn_dp))
-    case = Case("gather_tokens", layout, sizes, "world", (64,), "bfloat16", "randn", partial, False, True, 3)
+    case = Case("gather_tokens", layout, sizes, "world", (64,), "bfloat16", "randn", partial, fused, True, 3)
     x = fill(torch.empty((CAPACITY, 64), dtype=torch.bfloat16, device=device), member_input(case, rank, device))
+    norm = {}
+    if fused:
+        r, w = fusion_inputs(case, c.attn_dp_rank, device)
+        norm = dict(residual=fill(torch.empty((CAPACITY, 64), dtype=torch.bfloat16, device=device), r), norm_weight=w)
     mine = sizes[c.attn_dp_rank]
     if c.attn_dp_rank == 0:
         mine = CAPACITY + 1 if kind == "capacity" else mine + c.attn_tp_rank
-    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), partial, quant=quant)
+    comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), partial, quant=quant,
+                       **norm)
     try:
         comm.check_errors()
         raised = None
     except (hc.CapacityExceeded, hc.ArgumentMismatch) as e:
         raised = f"{type(e).__name__}: {e}"
     counts = hc.Counts(torch.tensor([sizes[c.attn_dp_rank]], dtype=torch.int32, device=device))
-    got = comm.gather_tokens(x, counts, partial, quant=quant)
+    got = comm.gather_tokens(x, counts, partial, quant=quant, **norm)
     comm.check_errors()
+    if fused:
+        got = (got[0][: sum(sizes)], got[1][: sizes[c.attn_dp_rank]])
+        return raised, compare(got, expected(case, rank, device), "sums", fused=True) == ""
     if quant is None:
         return raised, compare(got[: sum(sizes)], expected(case, rank, device), "sums") == ""
     want, _, rows, _ = oracle(QuantCase(case, quant), rank, device)
@@ -346,6 +355,19 @@ def test_attn_tp_ranks_passing_different_counts_raise_on_every_rank(pool, layout
 def test_replicated_quantized_rows_sent_before_a_count_mismatch_raise_on_every_rank(pool, layout, table):
     per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", "fp8", False, timeout=120)
     _assert_mismatch_raised(per_rank)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("table", ("auto", "lamport"))  # the fused gather on LL, and on Lamport where it is one hop
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda lay: lay.name)
+def test_fused_gathers_given_bad_counts_raise_on_every_rank(pool, layout, table):
+    per_rank = pool(WORLD, "cuda").run(_bad_counts, layout, table, "capacity", None, True, True, timeout=120)
+    for rank, (raised, ok) in enumerate(per_rank):
+        assert raised is not None and raised.startswith("CapacityExceeded"), f"rank {rank}: {raised}"
+        assert ok, f"rank {rank}: the next call did not match the oracle"
+    if layout.attn_tp > 1:
+        _assert_mismatch_raised(pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", None, True, True,
+                                                        timeout=120))
 
 
 def _assert_mismatch_raised(per_rank: list) -> None:

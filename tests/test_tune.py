@@ -134,6 +134,29 @@ def test_transitions_over_several_layouts(seed):
     assert at_32k["measured_in"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
     assert doc["measured_on"]["world_size"] == 4
 
+def test_forced_fused_columns_fill_the_norm_rules_and_the_choice_column_stands_in_only_without_them():
+    """Results with hc_fused / hc_fused_lamport: fused_lamport fastest to 64 KiB, fused above, and
+    hc_norm (the Communicator's choice, fastest of all here) no candidate; without them hc_norm
+    is read as fused."""
+    rng = random.Random(5)
+    records = []
+    for layout, dp in (("tp4", 1), ("dp4", 4)):
+        for t in (1, 2, 4, 8, 16, 32):
+            nbytes, base = dp * t * 8 * KiB, rng.uniform(5, 50)
+            lamport_wins = nbytes <= 64 * KiB
+            times = {"hc_fused": base * 1.5 if lamport_wins else base, "hc_fused_lamport": base if lamport_wins
+                     else base * 1.5, "hc_norm": base / 2, "nccl_norm": base * 3}
+            records += [{"layout": layout, "op": "gather_tokens", "case": "balanced", "tokens_per_dp": [t] * dp,
+                         "impl": k, "us": v} for k, v in times.items()]
+    results = {"environment": {"gpu": "Test GPU"}, "hidden": 4096, "dtype": "torch.bfloat16", "records": records}
+    rules = table_file.parse(tune.tune([("tr.json", results)]), "tr")
+    assert rules["gather_tokens_norm"] == (Rule(64 * KiB, "nvlink", "fused_lamport"), Rule(1 * MiB, "nvlink", "fused"),
+                                           Rule(None, "nccl", "nccl"))
+    results["records"] = [r for r in records if r["impl"] in ("hc_norm", "nccl_norm")]
+    rules = table_file.parse(tune.tune([("tr.json", results)]), "tr")
+    assert rules["gather_tokens_norm"] == (Rule(1 * MiB, "nvlink", "fused"), Rule(None, "nccl", "nccl"))
+
+
 FP8_ROW = 4096 + 4  # fp8 hidden 4096: data and the token's fp32 scale (quant.formats)
 
 

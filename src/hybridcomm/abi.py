@@ -228,6 +228,10 @@ SIGNATURES = {
     "hc_lamport_reduce_scatter_v": [_G, _L, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_gather_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
     "hc_lamport_scatter_tokens": [_G, _L, _I, _I, _P, _P, _P, _P, _I64, _I64, _I64, _I, _P],
+    # gather_tokens fused with residual add + RMSNorm on the Lamport protocol (lamport_fused_tokens.cu): dtype, tp,
+    # partial, in, out, residual, weight, residual_out, eps, sizes, host sizes, own count, row_bytes, in_rows, out_rows
+    "hc_lamport_gather_tokens_norm": [_G, _L, _I, _I, _I, _P, _P, _P, _P, _P, _F, _P, _P, _P, _I64, _I64, _I64, _I,
+                                      _P],
     # pipelined two-shot all_reduce (pipelined_all_reduce.cu): dtype, in, out, nbytes, chunk_bytes, blocks
     "hc_all_reduce_pipelined": [_G, _I, _P, _P, _I64, _I64, _I, _I, _P],
     # pipelined one-shots (pipelined_<op>.cu): hc_<op>'s arguments, then chunk_bytes, blocks, then pdl, stream

@@ -169,13 +169,28 @@ def gather_tokens(x, sizes, host_sizes, own, learned, group, tp, partial, algori
 
 def gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial, out_rows, pdl):
     lib, args = _groups[group]
+    return _fused_gather(functools.partial(lib.hc_gather_tokens, args, GatherTokensAlgorithm.FUSED), x, sizes,
+                         host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl)
+
+
+def lamport_gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial,
+                               out_rows, pdl):
+    """gather_tokens_norm on the Lamport protocol, one hop (csrc/lamport_fused_tokens.cu): tp = the
+    world with partial rows, or tp = 1; hidden at most abi.MAX_QUANT_HIDDEN (the caller checks)."""
+    lib, args = _groups[group]
+    return _fused_gather(functools.partial(lib.hc_lamport_gather_tokens_norm, args, _lamport[group]), x, sizes,
+                         host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl)
+
+
+def _fused_gather(launcher, x, sizes, host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl):
+    """A fused gather's launch: launcher(dtype, tp, partial, in, out, residual, weight, residual_out, eps,
+    counts..., row_bytes, in_rows, out_rows, pdl, stream); returns (out, residual_out)."""
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
     residual_out = _new(residual.shape, x)
     dev, host, mine = _gather_sizes(sizes, host_sizes, own, learned)
-    _launch("gather_tokens", lib.hc_gather_tokens(args, GatherTokensAlgorithm.FUSED, DTYPE_CODE[x.dtype], tp,
-                                                  int(partial), x.data_ptr(), out.data_ptr(), residual.data_ptr(),
-                                                  weight.data_ptr(), residual_out.data_ptr(), eps, dev, host, mine,
-                                                  _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
+    _launch("gather_tokens", launcher(DTYPE_CODE[x.dtype], tp, int(partial), x.data_ptr(), out.data_ptr(),
+                                      residual.data_ptr(), weight.data_ptr(), residual_out.data_ptr(), eps, dev, host,
+                                      mine, _row_bytes(x), x.shape[0], out_rows, int(pdl), _stream(x)))
     return out, residual_out
 
 
@@ -231,6 +246,9 @@ _lib.define("lamport_gather_tokens(Tensor x, Tensor? sizes, int[] host_sizes, Te
             "int group, int tp, int out_rows, bool pdl) -> Tensor")
 _lib.define("lamport_scatter_tokens(Tensor y, Tensor? sizes, int[] host_sizes, int group, int tp, int out_rows, "
             "bool pdl) -> Tensor")
+_lib.define("lamport_gather_tokens_norm(Tensor x, Tensor? sizes, int[] host_sizes, Tensor? own, "
+            "Tensor(a!)? learned, Tensor residual, Tensor weight, float eps, int group, int tp, bool partial, "
+            "int out_rows, bool pdl) -> (Tensor, Tensor)")
 
 
 def lamport_all_reduce(x, group, pdl):
@@ -279,7 +297,7 @@ IMPLS = {"quant_gather": quant_gather, "all_reduce": all_reduce, "all_reduce_pip
          "gather_tokens_norm": gather_tokens_norm, "scatter_tokens": scatter_tokens,
          "lamport_all_reduce": lamport_all_reduce, "lamport_all_gather_v": lamport_all_gather_v,
          "lamport_reduce_scatter_v": lamport_reduce_scatter_v, "lamport_gather_tokens": lamport_gather_tokens,
-         "lamport_scatter_tokens": lamport_scatter_tokens}
+         "lamport_scatter_tokens": lamport_scatter_tokens, "lamport_gather_tokens_norm": lamport_gather_tokens_norm}
 for _name, _fn in IMPLS.items():
     _lib.impl(_name, _fn, "CUDA")
 
@@ -344,8 +362,9 @@ torch.library.register_fake("hybridcomm::all_gather_v")(
 torch.library.register_fake("hybridcomm::reduce_scatter_v")(lambda x, s, h, g, out_rows, pdl: _fake_rows(x, out_rows))
 torch.library.register_fake("hybridcomm::gather_tokens")(
     lambda x, s, h, own, learned, g, tp, p, a, out_rows, pdl: _fake_rows(x, out_rows))
-torch.library.register_fake("hybridcomm::gather_tokens_norm")(
-    lambda x, s, h, own, learned, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
+for _name in ("gather_tokens_norm", "lamport_gather_tokens_norm"):
+    torch.library.register_fake(f"hybridcomm::{_name}")(
+        lambda x, s, h, own, learned, r, w, e, g, tp, p, out_rows, pdl: (_fake_rows(x, out_rows), torch.empty_like(r)))
 torch.library.register_fake("hybridcomm::quant_gather")(
     lambda x, s, h, own, learned, r, w, e, gs, g, tp, p, op, format, out_rows, algorithm, lamport, pdl:
     _quant_outputs(x, format, out_rows)

@@ -115,6 +115,12 @@ QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER, **OWN),
 # run quant_one_hop instead, and with attn_tp = 1 quant (nvlink.py); so its capacity is the LL
 # kernels' bound.
 QUANT_LOCAL = Algorithm("quant_local", abi.QuantGatherAlgorithm.LOCAL, LAMPORT, **OWN)
+# gather_tokens_norm on the Lamport protocol in one hop (csrc/lamport_fused_tokens.cu; its own
+# launcher): where a row's partial sums and its residual meet on every rank that needs it --
+# one DP group with partial rows (every rank sums every row), or one rank per DP group (each
+# norms its own rows before it sends them). Elsewhere the nvlink backend runs `fused`, so its
+# capacity is the LL kernel's bound.
+FUSED_LAMPORT = Algorithm("fused_lamport", None, LAMPORT, **OWN)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (
         Algorithm("one_shot", abi.AllReduceAlgorithm.ONE_SHOT),
@@ -131,9 +137,10 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
         Algorithm("one_shot", abi.GatherTokensAlgorithm.ONE_SHOT, **OWN),
         Algorithm("two_shot", abi.GatherTokensAlgorithm.TWO_SHOT, **OWN), replace(ONE_SHOT_LAMPORT, **OWN),
         replace(TWO_STEP, **OWN)), on_world=True, reduces_to={"attn_tp": "all_gather_v"}),
-    # gather_tokens with residual add + RMSNorm fused: the same kernel entry, its own algorithm.
+    # gather_tokens with residual add + RMSNorm fused: its own algorithms (fused: gather_tokens'
+    # kernel entry, on LL; fused_lamport: its own launcher).
     OpSpec("gather_tokens_norm", abi.OpCode.GATHER_TOKENS, "output", "rows", (
-        Algorithm("fused", abi.GatherTokensAlgorithm.FUSED, **OWN),), on_world=True),
+        Algorithm("fused", abi.GatherTokensAlgorithm.FUSED, **OWN), FUSED_LAMPORT), on_world=True),
     OpSpec("scatter_tokens", abi.OpCode.SCATTER_TOKENS, "input", "rows", (
         Algorithm("one_shot", abi.ScatterTokensAlgorithm.ONE_SHOT),
         Algorithm("two_shot", abi.ScatterTokensAlgorithm.TWO_SHOT), ONE_SHOT_LAMPORT, TWO_STEP),

@@ -8,7 +8,9 @@ registry entry, backend nvlink; for the transitions also `hc_two_step`, our two 
 named `hc_unfused` in results taken before the table could name it) and NCCL (the `nccl`
 column: NCCL called directly on the op; for the transitions the two-collective sequence the
 NCCL backend runs). Baselines the Communicator cannot route to (NCCL on symmetric windows,
-torch symm_mem) are not candidates. `hc_norm` / `nccl_norm` of the transitions fill gather_tokens_norm.
+torch symm_mem) are not candidates. The transitions' forced fused gathers (`hc_fused`,
+`hc_fused_lamport`) and `nccl_norm` fill gather_tokens_norm; in results without them, `hc_norm`
+(then always the `fused` kernel) stands for `hc_fused`.
 `bench quant` fills gather_tokens_quant: its message is the gathered quantized bytes (data and
 scales), its NCCL candidate `nccl_q` (quantize, then NCCL all-gathers: the NCCL backend's path);
 where attn_tp = 1 the bench times quant_one_hop and quant_local once, as quant (the kernel they
@@ -56,9 +58,15 @@ TOLERANCE = 0.05
 NCCL = ("nccl", "nccl")
 # Benchmark columns that fill another op's rules: (measured op, column) -> (table op, backend, algorithm).
 OTHER_OP_COLUMNS = {
+    ("gather_tokens", "hc_fused"): ("gather_tokens_norm", "nvlink", "fused"),
+    ("gather_tokens", "hc_fused_lamport"): ("gather_tokens_norm", "nvlink", "fused_lamport"),
     ("gather_tokens", "hc_norm"): ("gather_tokens_norm", "nvlink", "fused"),
     ("gather_tokens", "nccl_norm"): ("gather_tokens_norm", *NCCL),
 }
+# Columns that stand for another only in results without it: hc_norm is the Communicator's choice
+# of fused gather, which was `fused` whenever no forced fused columns were timed (before
+# fused_lamport existed); where hc_fused is there, hc_norm is no candidate.
+STAND_INS = {"hc_norm": "hc_fused"}
 # Columns that older results name otherwise: hc_unfused timed the two_step composition
 # (two_step.py: the same two sub-ops, each by the table) before it was an algorithm.
 RENAMED_COLUMNS = {"hc_unfused": "hc_two_step"}
@@ -158,7 +166,9 @@ def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tup
     if what == "ops":
         return _samples(results["records"], where, lambda r: (r["bytes"], where))
     elem = input_elem_bytes(results)  # transitions: message = all tokens x hidden
-    return _samples([r for r in results["records"] if r["case"] == "balanced"], where,
+    timed = {r["impl"] for r in results["records"]}
+    records = [r for r in results["records"] if r["case"] == "balanced" and STAND_INS.get(r["impl"]) not in timed]
+    return _samples(records, where,
                     lambda r: (sum(r["tokens_per_dp"]) * results["hidden"] * elem, f"{where}:{r['layout']}"))
 
 

@@ -19,7 +19,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import CHUNKED, LAMPORT, LL, OPS, QUANT_LOCAL, Protocol, op_name
+from ..ops import CHUNKED, FUSED_LAMPORT, LAMPORT, LL, OPS, QUANT_LOCAL, Protocol, op_name
 from ..pipeline import PipelineParams, params_for
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
@@ -86,9 +86,11 @@ class NvlinkBackend:
         gathers' partial rows (gather_tokens with attention TP > 1), which reach their owner on
         LL in both kernels, and the LL kernel, which checks its areas for the unquantized row
         width (csrc/quant_gather.cu). Their wire rows are smaller than the unquantized ones
-        counted here, so the Lamport kernel's DP rows fit whenever these do. quant_local: LL too
-        (its unquantized rows fill half as much of its Lamport areas; the calls it hands to the
-        LL kernel, _quant_gather, need the LL bound)."""
+        counted here, so the Lamport kernel's DP rows fit whenever these do. quant_local and
+        fused_lamport: LL too (their rows fill half as much of their Lamport areas; the calls they
+        hand to the LL kernel, _quant_gather / _fused_gather, need the LL bound)."""
+        if alg is FUSED_LAMPORT:
+            return LL
         if not spec.quantized or alg.protocol is LAMPORT and alg is not QUANT_LOCAL and not (
                 spec.name == "gather_tokens_quant" and self.layout.attn_tp > 1):
             return alg.protocol
@@ -141,8 +143,8 @@ class NvlinkBackend:
             return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
                                       OpCode.GATHER_TOKENS, out_rows, "gather_tokens_quant", algorithm)
         if fusion is not None:
-            return kernels.call("gather_tokens_norm", x, *_gather_sizes(dp_sizes), fusion.residual, fusion.weight,
-                                fusion.eps, handle, tp, partial, out_rows, self.pdl)
+            return kernels.call(self._fused_gather(algorithm, x, partial), x, *_gather_sizes(dp_sizes),
+                                fusion.residual, fusion.weight, fusion.eps, handle, tp, partial, out_rows, self.pdl)
         if _is_composed("gather_tokens", algorithm):
             return self.two_step.gather_tokens(x, dp_sizes, partial)
         if tp == 1:
@@ -155,6 +157,16 @@ class NvlinkBackend:
             return kernels.call("lamport_gather_tokens", x, *_gather_sizes(dp_sizes), handle, tp, out_rows, self.pdl)
         return kernels.call("gather_tokens", x, *_gather_sizes(dp_sizes), handle, tp, partial,
                             _code("gather_tokens", algorithm), out_rows, self.pdl)
+
+    def _fused_gather(self, algorithm: str, x, partial: bool) -> str:
+        """The kernel of a fused gather: fused_lamport's where its one hop reaches every rank
+        that needs a row (ops.FUSED_LAMPORT) and the row fits its staging, else the LL kernel's
+        two hops (`fused`), within the LL bound _bounding_protocol gave."""
+        tp, world = self.layout.attn_tp, self.layout.world_size
+        one_hop = tp == 1 or (tp == world and partial)
+        if algorithm == FUSED_LAMPORT.name and one_hop and math.prod(x.shape[1:]) <= MAX_QUANT_HIDDEN:
+            return "lamport_gather_tokens_norm"
+        return "gather_tokens_norm"
 
     def scatter_tokens(self, y, dp_sizes: Sizes, algorithm):
         if _is_composed("scatter_tokens", algorithm):

@@ -12,7 +12,9 @@ Columns (µs per call, graph replay, median, max over ranks):
   hybridcomm   the Communicator's choice
   hc_sms<N>    with --max-sms: the Communicator made with max_sms=N (its choice, at most N blocks)
   nccl_norm / hc_norm  gather with residual add + RMSNorm: AR(attn-TP) + norm + AG(DP)
-               in NCCL and torch, against our fused kernel
+               in NCCL and torch, against the Communicator's choice of our fused kernels
+  hc_fused, hc_fused_lamport   the fused gather forced to each algorithm (fused_lamport runs
+               the LL kernel where its one hop does not reach every rank: DP x TP layouts)
   nccl_ar, nccl_symm_ar, symm_one_shot_ar   pure attention TP (attn_dp = 1) only: both
                transitions are one all-reduce there, which is what engines run (NCCL, NCCL on
                symmetric windows, torch symm_mem one-shot as the stand-in for vLLM / SGLang
@@ -114,6 +116,8 @@ def _calls(op: str, counts: list[int], comm: Communicator, forced_comms: dict, s
         fusion = ResidualNorm(residual, weight, 1e-6)
         calls["nccl_norm"] = lambda: nccl.gather_tokens_norm_two_step(x, counts, g, fusion)
         calls["hc_norm"] = lambda: comm.gather_tokens(x, counts, residual=residual, norm_weight=weight)
+        add_forced_calls(calls, "gather_tokens_norm", forced_comms,
+                         lambda c: c.gather_tokens(x, counts, residual=residual, norm_weight=weight))
     else:
         y = plain_view(0, (total, HIDDEN)).normal_()
         calls["nccl"] = partial(_two_step(op, comm, counts, plain_view), y)
@@ -141,7 +145,8 @@ def sweep_transitions(layout_names: list[str], tokens: list[int] | None = None, 
     for name in layout_names:
         layout = Layout.parse(name)
         comm = Communicator(layout, **own)
-        forced_comms = {**forced_communicators(layout, list(OPS), **own),
+        forced_ops = list(OPS) + ["gather_tokens_norm"]
+        forced_comms = {**forced_communicators(layout, forced_ops, **own),
                         **budget_communicators(layout, list(OPS), max_sms, workspace_bytes=32 << 20)}
         for label, counts in token_cases(layout, tokens or TOKENS):
             for op in OPS:

@@ -63,6 +63,45 @@ __device__ __forceinline__ uint4 load_unit(const uint4* __restrict__ p, int64_t 
   return i < units ? fix_reserved<T>(p[i]) : make_uint4(0, 0, 0, 0);
 }
 
+// The input units a thread works, unit index(k) for k < KU, loaded before the counts and
+// arrive() so that their latency overlaps the prologue's (rows.cuh EarlyInput, for KU units:
+// with one unit of them loaded in the send loop, a 7168-wide row's second round of sends waited
+// for its load). Zeros at `size` and beyond; at(i) loads any other unit. Two orders:
+//   kSendOrder: the grid-stride send loop's units, grid_thread() + k * grid_threads();
+//   kRowOrder:  a block a row of `units` units, the block's first row: blockIdx.x * units +
+//               threadIdx.x + k * blockDim.x.
+enum class UnitOrder { kSendOrder, kRowOrder };
+
+template <int KU, UnitOrder kOrder = UnitOrder::kSendOrder>
+struct EarlyUnits {
+  const uint4* __restrict__ in;
+  int64_t size, units;  // units: a row's (kRowOrder only)
+  uint4 first[KU];
+
+  __device__ __forceinline__ int64_t index(int k) const {
+    if constexpr (kOrder == UnitOrder::kSendOrder) return grid_thread() + k * grid_threads();
+    return (int64_t)blockIdx.x * units + threadIdx.x + (int64_t)k * blockDim.x;
+  }
+  __device__ __forceinline__ uint4 at(int64_t i) const {
+#pragma unroll
+    for (int k = 0; k < KU; ++k)
+      if (i == index(k)) return first[k];
+    return i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+};
+
+template <int KU, UnitOrder kOrder = UnitOrder::kSendOrder>
+__device__ __forceinline__ EarlyUnits<KU, kOrder> early_units(const uint4* __restrict__ in, int64_t size,
+                                                              int64_t units = 0) {
+  EarlyUnits<KU, kOrder> e{in, size, units, {}};
+#pragma unroll
+  for (int k = 0; k < KU; ++k) {
+    const int64_t i = e.index(k);
+    e.first[k] = i < size ? in[i] : make_uint4(0, 0, 0, 0);
+  }
+  return e;
+}
+
 // -- calls --------------------------------------------------------------------------------------
 
 struct LamportCall {

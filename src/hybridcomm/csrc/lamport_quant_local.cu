@@ -19,6 +19,7 @@
 //   receive: a thread works whole 16-byte units (UnitQuant). Block formats: a unit a thread over
 //            the grid, as the unquantized gather's receive loop. fp8 (one scale a row) and fused
 //            rows: a block a row, KU units a thread (the row's max, the norm's sum).
+#include "fused_row.cuh"
 #include "lamport.cuh"
 #include "lamport_quant_local.h"
 #include "own_count.cuh"
@@ -39,35 +40,6 @@ struct UnitQuant {
   static constexpr int kCodeBytes = F == kQuantNvfp4 ? kValues / 2 : kValues;
   static_assert(kBlock == 0 || (kGroup >= 1 && kGroup <= 32), "a block's units are lanes of one warp");
 };
-
-// The input units a thread sends, i = grid_thread() + k * grid_threads() (k < KU), loaded before
-// the counts and arrive() so their latency overlaps the prologue's (rows.cuh EarlyInput, for KU
-// units: with one unit of them loaded in the send loop, a 7168-wide row's second round of
-// sends waited for its load). Zeros at `size` and beyond.
-template <int KU>
-struct EarlyUnits {
-  const uint4* __restrict__ in;
-  int64_t size;
-  uint4 first[KU];
-
-  __device__ __forceinline__ uint4 at(int64_t i) const {
-#pragma unroll
-    for (int k = 0; k < KU; ++k)
-      if (i == grid_thread() + k * grid_threads()) return first[k];
-    return i < size ? in[i] : make_uint4(0, 0, 0, 0);
-  }
-};
-
-template <int KU>
-__device__ __forceinline__ EarlyUnits<KU> early_units(const uint4* __restrict__ in, int64_t size) {
-  EarlyUnits<KU> e{in, size, {}};
-#pragma unroll
-  for (int k = 0; k < KU; ++k) {
-    const int64_t i = grid_thread() + k * grid_threads();
-    e.first[k] = i < size ? in[i] : make_uint4(0, 0, 0, 0);
-  }
-  return e;
-}
 
 // Unit i of DP group od's rows summed over its tp ranks in tp order (my own partial unit, when
 // od is my group, from my input: the register it was sent from where this thread sent it), fp32,
@@ -195,14 +167,16 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
 }
 
 // The first word of a unit another block of this kernel writes with this call's flag as its second
-// word, once it carries that flag. Bounded like every wait: it stops when the group has aborted
+// word and the sentinel word as its third, once it carries both. (No unit of data has a sentinel
+// word, reserved.cuh: so rows that lamport_fused_tokens.cu keeps in the same area, whatever their
+// bits, are never taken for a tag.) Bounded like every wait: it stops when the group has aborted
 // or the call's deadline passed (the block being waited for is then itself stuck on a peer, and
 // records that peer's timeout); it records nothing itself.
 __device__ __forceinline__ uint32_t wait_tagged_word(const CallCtx& cx, const uint4* p) {
   int spins = 0;
   for (;;) {
     const uint4 v = load_unit_volatile(p);
-    if (v.y == cx.flag) return v.x;
+    if (v.y == cx.flag && v.z == kSentinelWord) return v.x;
     if ((++spins & (kPollsPerCheck - 1)) == 0 &&
         (*(volatile uint32_t*)&cx.g.state[kAborted] || global_timer_ns() >= cx.deadline)) {
       cx.aborted = true;
@@ -216,7 +190,8 @@ __device__ __forceinline__ uint32_t wait_tagged_word(const CallCtx& cx, const ui
 // every part's block max. Each part publishes its max, tagged with the call's flag, in a 16-byte
 // unit of my own Lamport area of this slot (the area "from me", which the protocol never uses:
 // peers write only their own areas, the re-fill skips mine); every part of the row reads them
-// all (flag-tagged, so no re-fill and no reset: an older call's value carries an older flag). The
+// all (tagged with the flag, so no re-fill and no reset: an older call's value carries an older
+// flag; wait_tagged_word says why the fused gather's rows kept there are no tags either). The
 // launcher splits only when every part has a block of its own, all resident at once, so a part
 // never waits for a block that has not started. A row's max is exact whatever the order, so the
 // bits are the unsplit row's.
@@ -231,7 +206,7 @@ __device__ __forceinline__ void quantize_fp8_part(const LamportCall& lc, int tp,
   const float part_max = block_max(max_abs(v), warp_buf);
   uint4* maxima = lc.inbox(lc.cx.g.me) + o * parts;
   if (threadIdx.x == 0)  // (even after a give-up: the row's other parts wait for it)
-    store_unit_volatile(maxima + part, make_uint4(__float_as_uint(part_max), lc.cx.flag, 0u, 0u));
+    store_unit_volatile(maxima + part, make_uint4(__float_as_uint(part_max), lc.cx.flag, kSentinelWord, 0u));
   float a = 0.f;
   if (threadIdx.x < parts) a = __uint_as_float(wait_tagged_word(lc.cx, maxima + threadIdx.x));
   const Fp8Scale token = fp8_scale(block_max(a, warp_buf));
@@ -268,84 +243,23 @@ __device__ __forceinline__ void quantize_block_units(const LamportCall& lc, int 
   }
 }
 
-// The fused call's tensors, in 16-byte units of T (residual null: not fused).
-struct Fusion {
-  const uint4* __restrict__ residual;
-  const uint4* __restrict__ weight;
-  uint4* __restrict__ residual_out;
-  float eps;
-};
-
 // Fused (residual add + RMSNorm; one DP group, so every row is this rank's group's and its
-// residual is here): row r summed over tp in fp32 with the residual added before the single
-// rounding (residual_out), staged in `row`, normalised as gather_tokens.cu's gather_fused does
-// (each thread's sum of squares over the lanes it would hold there, strided by the block; the
-// same block sum), rounded, quantized. So the normed rows are our unquantized fused gather's,
-// bit for bit, as the other quantized kernels' (docs/quantization.md). Every thread of the block
-// calls this.
+// residual is here): row r summed over tp with the residual added (residual_out), staged and
+// normalised by fused_row.cuh, then quantized. So the normed rows are our unquantized fused
+// gathers' (gather_tokens.cu's gather_fused, lamport_fused_tokens.cu), bit for bit, as the other
+// quantized kernels' (docs/quantization.md). Every thread of the block calls this.
 template <typename T, int F, int KU>
 __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp, int64_t r, const EarlyUnits<KU>& in,
                                                    const Fusion& fu, int64_t units, int64_t in_rows,
                                                    float global_scale, float* row, float* warp_buf,
                                                    const QuantOut& out) {
   using Q = UnitQuant<T, F>;
-  constexpr int kV = Q::kValues, kN = Lane<T>::kN;
-  const int t = lc.cx.g.me % tp;
-  const bool in_bounds = r < in_rows;
-#pragma unroll 1
-  for (int k = 0; k < KU; ++k) {
-    const int64_t u = my_lane(k);
-    if (u >= units) continue;
-    const int64_t i = r * units + u;
-    uint4 data[kMaxRanks];
-    receive_units(lc, tp, 0, true, t, i, fix_reserved<T>(in.at(i)), data);
-    uint2 lo[kMaxRanks], hi[kMaxRanks];
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      lo[s] = make_uint2(data[s].x, data[s].y);
-      hi[s] = make_uint2(data[s].z, data[s].w);
-    }
-    float a[4], b[4], ra[4], rb[4];
-    sum_lanes<T>(lo, tp, a);
-    sum_lanes<T>(hi, tp, b);
-    const uint4 res = in_bounds ? fu.residual[i] : make_uint4(0, 0, 0, 0);
-    Lane<T>::unpack(make_uint2(res.x, res.y), ra);
-    Lane<T>::unpack(make_uint2(res.z, res.w), rb);
-#pragma unroll
-    for (int e = 0; e < kN; ++e) a[e] += ra[e], b[e] += rb[e];
-    const uint2 pa = Lane<T>::pack(a), pb = Lane<T>::pack(b);
-    if (in_bounds) fu.residual_out[i] = make_uint4(pa.x, pa.y, pb.x, pb.y);
-    Lane<T>::unpack(pa, a);  // the norm sees the rounded residual
-    Lane<T>::unpack(pb, b);
-#pragma unroll
-    for (int e = 0; e < kN; ++e) row[u * kV + e] = a[e], row[u * kV + kN + e] = b[e];
-  }
-  __syncthreads();  // the row is staged
-  const int64_t row_lanes = 2 * units;
-  const float inv_hidden = 1.0f / (float)(row_lanes * kN);
-  float sumsq = 0.f;
-  for (int64_t l = threadIdx.x; l < row_lanes; l += blockDim.x) {
-#pragma unroll
-    for (int e = 0; e < kN; ++e) {
-      const float a = row[l * kN + e];
-      sumsq += a * a;
-    }
-  }
-  const float scale = 1.0f / sqrtf(block_sum(sumsq, warp_buf) * inv_hidden + fu.eps);  // (its barriers: row read)
+  constexpr int kV = Q::kValues;
+  const float scale = stage_fused_row<T, KU>(
+      lc, tp, 0, lc.cx.g.me % tp, r, [&](int64_t i) { return fix_reserved<T>(in.at(i)); }, fu, units, in_rows, row,
+      warp_buf);
   // My unit u normed and rounded to T, into v.
-  const auto normed = [&](int64_t u, float (&v)[kV]) {
-    const uint4 w4 = fu.weight[u];
-    float wa[4], wb[4];
-    Lane<T>::unpack(make_uint2(w4.x, w4.y), wa);
-    Lane<T>::unpack(make_uint2(w4.z, w4.w), wb);
-    float a[4], b[4];
-#pragma unroll
-    for (int e = 0; e < kN; ++e) a[e] = row[u * kV + e] * scale * wa[e], b[e] = row[u * kV + kN + e] * scale * wb[e];
-    Lane<T>::unpack(Lane<T>::pack(a), a);
-    Lane<T>::unpack(Lane<T>::pack(b), b);
-#pragma unroll
-    for (int e = 0; e < kN; ++e) v[e] = a[e], v[kN + e] = b[e];
-  };
+  const auto normed = [&](int64_t u, float (&v)[kV]) { normed_unit<T>(row, u, scale, fu.weight, v); };
   const int64_t o = r;  // (one DP group: output row = row of the group)
   uint8_t* data = reinterpret_cast<uint8_t*>(out.data) + o * out.data_lanes * 8;
   uint8_t* scales = out.scales + o * out.scale_bytes;
