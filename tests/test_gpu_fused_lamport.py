@@ -7,9 +7,9 @@ counts, partial and replicated rows, hidden sizes from 64 to the staging's limit
 than the grid has blocks (a block then norms several rows). Each result is compared with the
 oracle (residual_out bit for bit, the normed rows within the norm's tolerance; NaN rows, from the
 reserved pattern, by position) and, bit for bit, with the LL kernel's (`fused`, the built-in
-table's choice) given the same inputs: both sum a row's squares in the same order. The Lamport kernel must have run where its one hop reaches every
-rank (one DP group with partial rows, or attn_tp = 1) and nowhere else (there the backend runs
-the LL kernel). Graph replays with new device-side and own counts: test_gpu.py and
+table's choice) given the same inputs: both sum a row's squares in the same order. The Lamport
+kernel must have run in every case but the rows wider than its staging, which the backend gives
+to the LL kernel. Graph replays with new device-side and own counts: test_gpu.py and
 test_gpu_counts.py run the "lamport" table's fused gather too.
 """
 
@@ -21,6 +21,7 @@ import torch
 from conftest import needs_gpus
 from test_gpu import WORLD
 from hybridcomm import Layout
+from hybridcomm.abi import MAX_QUANT_HIDDEN
 from hybridcomm.check import Case, call_op, communicator, compare, expected, poisoned_outputs, raw_bytes
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
@@ -28,9 +29,9 @@ pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 LAMPORT_KERNEL = "lamport_gather_tokens_norm"
 
 
-def one_hop(case: Case) -> bool:
-    lay = case.layout
-    return lay.attn_tp == 1 or (lay.attn_dp == 1 and case.partial)
+def lamport_runs(case: Case) -> bool:
+    """Rows up to the staging's limit run the Lamport kernel; wider ones the LL kernel."""
+    return case.row_shape[-1] <= MAX_QUANT_HIDDEN
 
 
 def fused_cases(seed: int) -> list[Case]:
@@ -48,9 +49,9 @@ def fused_cases(seed: int) -> list[Case]:
                                           partial=partial, fused=True, device_sizes=device_sizes,
                                           seed=rng.randrange(1 << 30)))
         # Wide rows: 1, 2 and 3 units a thread in 16 bits (hidden 4096, 7168, 11264), 6 in fp32 at
-        # the staging's limit; and more rows than blocks.
+        # the staging's limit; more rows than blocks; rows past the limit (the LL kernel runs them).
         for hidden, dtype, rows in [(4096, "bfloat16", 3), (7168, "bfloat16", 2), (11264, "float16", 2),
-                                    (11264, "float32", 2), (4096, "bfloat16", 200)]:
+                                    (11264, "float32", 2), (4096, "bfloat16", 200), (11280, "bfloat16", 2)]:
             sizes = tuple(rows if d else max(rows // 3, 1) for d in range(dp))
             cases.append(Case("gather_tokens", layout, sizes, row_shape=(hidden,), dtype=dtype, data="reserved",
                               fused=True, device_sizes=rows > 100, seed=rng.randrange(1 << 30)))
@@ -92,7 +93,7 @@ def _run(cases: list[Case]) -> list[tuple[str, str]]:
                 reference = call_op(ll, case, ll.device)
                 ll.check_errors()
                 problems = [oracle_mismatch(got, expected(case, forced.rank, forced.device))]
-                if ran != one_hop(case):
+                if ran != lamport_runs(case):
                     problems.append(f"the Lamport kernel {'ran' if ran else 'did not run'}")
                 for name, a, b in zip(("normed", "residual_out"), got, reference):
                     if raw_bytes(a) != raw_bytes(b):

@@ -175,8 +175,8 @@ def gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps
 
 def lamport_gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial,
                                out_rows, pdl):
-    """gather_tokens_norm on the Lamport protocol, one hop (csrc/lamport_fused_tokens.cu): tp = the
-    world with partial rows, or tp = 1; hidden at most abi.MAX_QUANT_HIDDEN (the caller checks)."""
+    """gather_tokens_norm on the Lamport protocol (csrc/lamport_fused_tokens.cu): hidden at most
+    abi.MAX_QUANT_HIDDEN (the caller checks)."""
     lib, args = _groups[group]
     return _fused_gather(functools.partial(lib.hc_lamport_gather_tokens_norm, args, _lamport[group]), x, sizes,
                          host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl)

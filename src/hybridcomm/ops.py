@@ -115,11 +115,10 @@ QUANT_ALGORITHMS = (Algorithm("quant", abi.QuantGatherAlgorithm.OWNER, **OWN),
 # run quant_one_hop instead, and with attn_tp = 1 quant (nvlink.py); so its capacity is the LL
 # kernels' bound.
 QUANT_LOCAL = Algorithm("quant_local", abi.QuantGatherAlgorithm.LOCAL, LAMPORT, **OWN)
-# gather_tokens_norm on the Lamport protocol in one hop (csrc/lamport_fused_tokens.cu; its own
-# launcher): where a row's partial sums and its residual meet on every rank that needs it --
-# one DP group with partial rows (every rank sums every row), or one rank per DP group (each
-# norms its own rows before it sends them). Elsewhere the nvlink backend runs `fused`, so its
-# capacity is the LL kernel's bound.
+# gather_tokens_norm on the Lamport protocol (csrc/lamport_fused_tokens.cu; its own launcher):
+# one hop with one DP group (an all-reduce with the norm in its epilogue) or with attn_tp = 1 (a
+# norm, then an all-gather), two with DP x TP, as `fused`. Rows wider than its staging
+# (abi.MAX_QUANT_HIDDEN) run `fused` instead (nvlink.py), so its capacity is the LL kernel's bound.
 FUSED_LAMPORT = Algorithm("fused_lamport", None, LAMPORT, **OWN)
 OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("all_reduce", abi.OpCode.ALL_REDUCE, "input", "flat", (

@@ -143,7 +143,7 @@ class NvlinkBackend:
             return self._quant_gather(x, dp_sizes, self.groups["world"], tp, partial, fusion, quant,
                                       OpCode.GATHER_TOKENS, out_rows, "gather_tokens_quant", algorithm)
         if fusion is not None:
-            return kernels.call(self._fused_gather(algorithm, x, partial), x, *_gather_sizes(dp_sizes),
+            return kernels.call(self._fused_gather(algorithm, x), x, *_gather_sizes(dp_sizes),
                                 fusion.residual, fusion.weight, fusion.eps, handle, tp, partial, out_rows, self.pdl)
         if _is_composed("gather_tokens", algorithm):
             return self.two_step.gather_tokens(x, dp_sizes, partial)
@@ -158,13 +158,12 @@ class NvlinkBackend:
         return kernels.call("gather_tokens", x, *_gather_sizes(dp_sizes), handle, tp, partial,
                             _code("gather_tokens", algorithm), out_rows, self.pdl)
 
-    def _fused_gather(self, algorithm: str, x, partial: bool) -> str:
-        """The kernel of a fused gather: fused_lamport's where its one hop reaches every rank
-        that needs a row (ops.FUSED_LAMPORT) and the row fits its staging, else the LL kernel's
-        two hops (`fused`), within the LL bound _bounding_protocol gave."""
-        tp, world = self.layout.attn_tp, self.layout.world_size
-        one_hop = tp == 1 or (tp == world and partial)
-        if algorithm == FUSED_LAMPORT.name and one_hop and math.prod(x.shape[1:]) <= MAX_QUANT_HIDDEN:
+    @staticmethod
+    def _fused_gather(algorithm: str, x) -> str:
+        """The kernel of a fused gather: fused_lamport's where the row fits its staging
+        (ops.FUSED_LAMPORT), else the LL kernel's (`fused`), within the LL bound
+        _bounding_protocol gave."""
+        if algorithm == FUSED_LAMPORT.name and math.prod(x.shape[1:]) <= MAX_QUANT_HIDDEN:
             return "lamport_gather_tokens_norm"
         return "gather_tokens_norm"
 

@@ -13,8 +13,7 @@ Columns (µs per call, graph replay, median, max over ranks):
   hc_sms<N>    with --max-sms: the Communicator made with max_sms=N (its choice, at most N blocks)
   nccl_norm / hc_norm  gather with residual add + RMSNorm: AR(attn-TP) + norm + AG(DP)
                in NCCL and torch, against the Communicator's choice of our fused kernels
-  hc_fused, hc_fused_lamport   the fused gather forced to each algorithm (fused_lamport runs
-               the LL kernel where its one hop does not reach every rank: DP x TP layouts)
+  hc_fused, hc_fused_lamport   the fused gather forced to each algorithm (LL, Lamport)
   nccl_ar, nccl_symm_ar, symm_one_shot_ar   pure attention TP (attn_dp = 1) only: both
                transitions are one all-reduce there, which is what engines run (NCCL, NCCL on
                symmetric windows, torch symm_mem one-shot as the stand-in for vLLM / SGLang
