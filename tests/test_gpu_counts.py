@@ -72,7 +72,7 @@ class AllGatherCounter:
 def variants(layout) -> list[tuple[str, str, bool, bool]]:
     """(op, group, partial, fused) of every gather this layout runs."""
     found = [("gather_tokens", "world", True, False), ("gather_tokens", "world", False, False),
-             ("gather_tokens", "world", True, True)]
+             ("gather_tokens", "world", True, True), ("gather_tokens", "world", False, True)]
     found += [("all_gather_v", g, True, False) for g in ("world", "attn_tp", "attn_dp", "moe_tp", "moe_ep")
               if len(layout.group_ranks(g, 0)) > 1]
     return found
