@@ -61,12 +61,15 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     # quant_local (lamport_quant_local.cu) at TP: fp8 a block a row, nvfp4 a unit a thread (spread grid).
     ("gather_tokens 1 token TP quant fp8 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "fp8"),
     ("gather_tokens 1 token TP quant nvfp4 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "nvfp4"),
-    # The fused gather (residual add + RMSNorm) with one DP group: the LL kernel (auto) beside
-    # fused_lamport (the "lamport" table), 1 and 128 tokens.
+    # The fused gather (residual add + RMSNorm): the LL kernel (auto) beside fused_lamport (the
+    # "lamport" table); with one DP group at 1 and 128 tokens,
     ("gather_tokens_norm 1 token TP fused LL", "tp2", "tp4", "gather_tokens_norm", "auto", 1),
     ("gather_tokens_norm 1 token TP fused Lamport", "tp2", "tp4", "gather_tokens_norm", "lamport", 1),
     ("gather_tokens_norm 128 tokens TP fused LL", "tp2", "tp4", "gather_tokens_norm", "auto", 128),
     ("gather_tokens_norm 128 tokens TP fused Lamport", "tp2", "tp4", "gather_tokens_norm", "lamport", 128),
+    # ... and with several DP groups: DP2 (one hop on Lamport), DP2xTP2 on 4 (two hops on both).
+    ("gather_tokens_norm 1 token DP fused LL", "dp2", "dp2xtp2", "gather_tokens_norm", "auto", 1),
+    ("gather_tokens_norm 1 token DP fused Lamport", "dp2", "dp2xtp2", "gather_tokens_norm", "lamport", 1),
     # gather_tokens 256 tokens on dp2xtp2 hung under ncu's kernel replay on 4xH200 (2026-11-22,
     # cause not investigated); left out so the other profiles finish.
 ]
