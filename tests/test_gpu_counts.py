@@ -365,9 +365,10 @@ def test_fused_gathers_given_bad_counts_raise_on_every_rank(pool, layout, table)
     for rank, (raised, ok) in enumerate(per_rank):
         assert raised is not None and raised.startswith("CapacityExceeded"), f"rank {rank}: {raised}"
         assert ok, f"rank {rank}: the next call did not match the oracle"
-    if layout.attn_tp > 1:
-        _assert_mismatch_raised(pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", None, True, True,
-                                                        timeout=120))
+    if layout.attn_tp > 1:  # partial rows, and replicated ones (fused_lamport sends those before it learns the counts)
+        for partial in (True, False):
+            _assert_mismatch_raised(pool(WORLD, "cuda").run(_bad_counts, layout, table, "differ", None, partial, True,
+                                                            timeout=120))
 
 
 def _assert_mismatch_raised(per_rank: list) -> None:
