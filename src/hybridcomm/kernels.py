@@ -169,8 +169,9 @@ def gather_tokens(x, sizes, host_sizes, own, learned, group, tp, partial, algori
 
 def gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial, out_rows, pdl):
     lib, args = _groups[group]
-    return _fused_gather(functools.partial(lib.hc_gather_tokens, args, GatherTokensAlgorithm.FUSED), x, sizes,
-                         host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl)
+    launcher = functools.partial(lib.hc_gather_tokens, args, GatherTokensAlgorithm.FUSED)
+    return _launch_fused_gather(launcher, x, sizes, host_sizes, own, learned, residual, weight, eps, tp, partial,
+                                out_rows, pdl)
 
 
 def lamport_gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, weight, eps, group, tp, partial,
@@ -178,11 +179,13 @@ def lamport_gather_tokens_norm(x, sizes, host_sizes, own, learned, residual, wei
     """gather_tokens_norm on the Lamport protocol (csrc/lamport_fused_tokens.cu): hidden at most
     abi.MAX_QUANT_HIDDEN (the caller checks)."""
     lib, args = _groups[group]
-    return _fused_gather(functools.partial(lib.hc_lamport_gather_tokens_norm, args, _lamport[group]), x, sizes,
-                         host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl)
+    launcher = functools.partial(lib.hc_lamport_gather_tokens_norm, args, _lamport[group])
+    return _launch_fused_gather(launcher, x, sizes, host_sizes, own, learned, residual, weight, eps, tp, partial,
+                                out_rows, pdl)
 
 
-def _fused_gather(launcher, x, sizes, host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows, pdl):
+def _launch_fused_gather(launcher, x, sizes, host_sizes, own, learned, residual, weight, eps, tp, partial, out_rows,
+                         pdl):
     """A fused gather's launch: launcher(dtype, tp, partial, in, out, residual, weight, residual_out, eps,
     counts..., row_bytes, in_rows, out_rows, pdl, stream); returns (out, residual_out)."""
     out = _new((out_rows,) + tuple(x.shape[1:]), x)
