@@ -48,12 +48,16 @@ def fused_cases(seed: int) -> list[Case]:
                         cases.append(Case("gather_tokens", layout, sizes, row_shape=(64,), dtype=dtype, data=data,
                                           partial=partial, fused=True, device_sizes=device_sizes,
                                           seed=rng.randrange(1 << 30)))
-        # Wide rows: 1, 2 and 3 units a thread in 16 bits (hidden 4096, 7168, 11264), 6 in fp32 at
-        # the staging's limit; more rows than blocks; rows past the limit (the LL kernel runs them).
-        for hidden, dtype, rows in [(4096, "bfloat16", 3), (7168, "bfloat16", 2), (11264, "float16", 2),
-                                    (11264, "float32", 2), (4096, "bfloat16", 200), (11280, "bfloat16", 2)]:
+        # Wide rows: 1, 2 and 3 units a thread in 16 bits (hidden 4096, 7168, 11264), 2 and 6 in fp32
+        # (hidden 2048, at the staging's limit); more rows than blocks; rows past the limit (the LL
+        # kernel runs them). Random data (a row holding the reserved pattern is NaN after the norm,
+        # which would leave the norm's values unchecked), and once the reserved pattern.
+        for hidden, dtype, rows, data in [(4096, "bfloat16", 3, "randn"), (7168, "bfloat16", 2, "randn"),
+                                          (11264, "float16", 2, "randn"), (2048, "float32", 3, "randn"),
+                                          (11264, "float32", 2, "randn"), (4096, "bfloat16", 200, "randn"),
+                                          (11280, "bfloat16", 2, "randn"), (7168, "bfloat16", 2, "reserved")]:
             sizes = tuple(rows if d else max(rows // 3, 1) for d in range(dp))
-            cases.append(Case("gather_tokens", layout, sizes, row_shape=(hidden,), dtype=dtype, data="reserved",
+            cases.append(Case("gather_tokens", layout, sizes, row_shape=(hidden,), dtype=dtype, data=data,
                               fused=True, device_sizes=rows > 100, seed=rng.randrange(1 << 30)))
     return cases
 
