@@ -1,4 +1,4 @@
-from hybridcomm import abi, algorithms, ops
+from hybridcomm import Layout, abi, algorithms, ops
 from hybridcomm.algorithms import KiB, MiB, Rule, choose
 
 
@@ -61,11 +61,38 @@ def test_forced_tables_run_one_algorithm_at_every_size():
 def test_every_kernel_rule_names_an_algorithm_of_the_registry():
     for named in algorithms.NAMED_TABLES.values():
         for table in algorithms.node_tables(named).values():  # per node count
-            for op, rules in table.items():
+            for key, rules in table.items():
                 for rule in rules:
                     if rule.backend == "nvlink":
-                        ops.OPS[op].algorithm(rule.algorithm)  # raises KeyError naming the op if not
-    assert set(algorithms.TABLE) == set(ops.OPS)
+                        ops.OPS[algorithms.key_op(key)].algorithm(rule.algorithm)  # KeyError naming the op if not
+    assert {algorithms.key_op(key) for key in algorithms.TABLE} == set(algorithms.TABLE) & set(ops.OPS) == set(ops.OPS)
+    for key in algorithms.TABLE:  # rules for one layout: transitions only, under a layout's attention name
+        op, _, layout = key.partition("@")
+        assert not layout or ops.OPS[op].on_world and Layout.parse(layout).attention_name == layout, key
+
+
+LAYOUT_TABLE = {"scatter_tokens": (Rule(2 * MiB, "nvlink", "one_shot_lamport"), Rule(None, "nccl", "nccl")),
+                "scatter_tokens@tp4": (Rule(1 * MiB, "nvlink", "one_shot_lamport"), Rule(16 * MiB, "nvlink", "two_step"),
+                                       Rule(None, "nccl", "nccl"))}
+
+
+def test_a_layout_with_rules_of_its_own_reads_them_and_the_others_read_the_op_s():
+    tp4 = choose("scatter_tokens", 2 * MiB, never_blocked, LAYOUT_TABLE, "tp4")
+    assert (tp4.algorithm, tp4.reason) == ("two_step", "table rule <= 16777216 bytes for tp4")
+    for layout in ("dp2xtp2", "dp4", None):
+        other = choose("scatter_tokens", 2 * MiB, never_blocked, LAYOUT_TABLE, layout)
+        assert (other.algorithm, other.reason) == ("one_shot_lamport", "table rule <= 2097152 bytes")
+    # Past its own kernels a layout's blocked call goes on down its own rules.
+    blocked = choose("scatter_tokens", 512 * KiB, lambda a: "no" if a == "one_shot_lamport" else None,
+                     LAYOUT_TABLE, "tp4")
+    assert blocked.algorithm == "two_step" and "one_shot_lamport blocked: no" in blocked.reason
+
+
+def test_forcing_an_op_drops_its_rules_for_single_layouts():
+    table = algorithms.forced({"scatter_tokens": "one_shot"}, {**algorithms.TABLE, **LAYOUT_TABLE})
+    assert "scatter_tokens@tp4" not in table and table["scatter_tokens"] == (Rule(None, "nvlink", "one_shot"),)
+    assert choose("scatter_tokens", 2 * MiB, never_blocked, table, "tp4").algorithm == "one_shot"
+    assert table["gather_tokens@dp4"] == algorithms.TABLE["gather_tokens@dp4"]  # other ops keep theirs
 
 
 def test_capacity_per_peer_follows_the_protocol():

@@ -81,9 +81,10 @@ def _selected_and_reference(cases):
     return out
 
 
-def _two_step_rule(op: str) -> tuple[int, int]:
-    """(exclusive lower, inclusive upper) message bytes where the built-in table runs two_step."""
-    rules = algorithms.TABLE[op]
+def _two_step_rule(op: str, layout: Layout) -> tuple[int, int]:
+    """(exclusive lower, inclusive upper) message bytes where the built-in table runs two_step
+    on `layout` (its rules for that layout where it has them: algorithms.py)."""
+    rules = algorithms.TABLE.get(algorithms.layout_key(op, layout.attention_name), algorithms.TABLE[op])
     i = next(i for i, r in enumerate(rules) if r.algorithm == "two_step")
     return (rules[i - 1].max_bytes if i else 0), rules[i].max_bytes
 
@@ -95,7 +96,7 @@ def test_the_table_runs_two_step_at_large_sizes_with_the_reference_s_bits(pool):
         if lay.attn_tp == 1:
             continue
         for op in TRANSITIONS:
-            low, high = _two_step_rule(op)
+            low, high = _two_step_rule(op, lay)
             # Twice the rule's lower limit (4 MiB and less per peer: the steps' Lamport kernels,
             # not NCCL, whose sums are not the reference's bits), uneven over DP groups.
             rows = min(2 * low, high) // (HIDDEN * 2) // lay.attn_dp

@@ -90,8 +90,9 @@ def _transitions_results(rng: random.Random) -> dict:
     in its older column name, hc_unfused: a candidate only if tune reads it as two_step, since
     a size counts only candidates that ran on every layout); scatter_tokens: one_shot, NCCL at
     the largest size; gather with norm: fused, NCCL at the largest. Imbalanced cases say
-    otherwise (and are not used); two_shot is fastest of all on dp4 at 256 KiB but cannot run on
-    dp2xtp2 there (so it is no candidate at that size)."""
+    otherwise (and are not used); two_shot is fastest of all on dp2xtp2 at 256 KiB but did not
+    run on dp4 there (so it is no candidate at that size). On dp4 (attn_tp = 1) tune reads
+    two_step's time as Lamport's, the kernel it runs there (the table's all_gather_v rule)."""
     records = []
 
     def add(layout, op, case, tokens, times):
@@ -109,7 +110,7 @@ def _transitions_results(rng: random.Random) -> dict:
                       "nccl_symm": base / 2,
                       "hc_norm": slow() if biggest else base, "nccl_norm": base if biggest else slow()}
             if nbytes == 256 * KiB:
-                if layout == "dp4":
+                if layout == "dp2xtp2":
                     gather["hc_two_shot"] = base / 3
                 else:
                     del gather["hc_two_shot"]
@@ -128,11 +129,65 @@ def test_transitions_over_several_layouts(seed):
                                       Rule(512 * KiB, "nvlink", "two_step"), Rule(None, "nccl", "nccl"))
     assert rules["scatter_tokens"] == (Rule(256 * KiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
     assert rules["gather_tokens_norm"] == (Rule(256 * KiB, "nvlink", "fused"), Rule(None, "nccl", "nccl"))
+    # At 256 KiB dp2xtp2's fastest, two_shot, did not run on dp4: so the op's rules lose there by
+    # more than the tolerance, and dp2xtp2 gets rules of its own, from its timings alone.
+    assert [key for key in rules if "@" in key] == ["gather_tokens@dp2xtp2"]
+    assert rules["gather_tokens@dp2xtp2"] == (Rule(64 * KiB, "nvlink", "one_shot"), Rule(128 * KiB, "nvlink", LAMPORT),
+                                              Rule(256 * KiB, "nvlink", "two_shot"),
+                                              Rule(512 * KiB, "nvlink", "two_step"), Rule(None, "nccl", "nccl"))
+    assert [e["measured_in"] for e in doc["evidence"]["gather_tokens@dp2xtp2"]] == [["tr.json:dp2xtp2"]] * 6
     sizes = [e["bytes"] for e in doc["evidence"]["gather_tokens"]]
     assert sizes == [16 * KiB * 2 ** i for i in range(6)]  # 16 KiB (dp2xtp2, 1 token) .. 512 KiB
     at_32k = doc["evidence"]["gather_tokens"][1]
     assert at_32k["measured_in"] == ["tr.json:dp2xtp2", "tr.json:dp4"]
     assert doc["measured_on"]["world_size"] == 4
+
+
+def test_a_layout_s_own_rules_go_on_with_the_op_s_past_its_largest_measured_size():
+    """tp4 (to 512 KiB) and dp2xtp2 (to 4 MiB). scatter_tokens: one_shot fastest, but two_step 30%
+    faster on tp4 from 256 KiB and 2x slower on dp2xtp2: the op's rules (one_shot, by the
+    geometric mean) lose on tp4, whose own rules run two_step to 512 KiB and then the op's.
+    gather_tokens: Lamport 4% ahead on tp4 and 4% behind on dp2xtp2: within the tolerance, so
+    no rules of its own anywhere."""
+    rng, records = random.Random(7), []
+    for layout, dp, counts in (("tp4", 1, range(7)), ("dp2xtp2", 2, range(9))):
+        for t in (2 ** i for i in counts):
+            nbytes, base = dp * t * 8 * KiB, rng.uniform(5, 50)
+            step = base * (0.7 if layout == "tp4" and nbytes >= 256 * KiB else 2)
+            lamport = base * (0.96 if layout == "tp4" else 1.04)
+            times = {"scatter_tokens": {"hc_one_shot": base, "hc_two_step": step, "nccl": base * 3},
+                     "gather_tokens": {"hc_one_shot": base, f"hc_{LAMPORT}": lamport, "nccl": base * 3}}
+            records += [{"layout": layout, "op": op, "case": "balanced", "tokens_per_dp": [t] * dp, "impl": impl,
+                         "us": us} for op, columns in times.items() for impl, us in columns.items()]
+    results = {"environment": {"gpu": "Test GPU"}, "hidden": 4096, "dtype": "torch.bfloat16", "records": records}
+    rules = table_file.parse(tune.tune([("tr.json", results)]), "tr")
+    assert rules["scatter_tokens"] == (Rule(4 * MiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+    assert rules["scatter_tokens@tp4"] == (Rule(128 * KiB, "nvlink", "one_shot"), Rule(512 * KiB, "nvlink", "two_step"),
+                                           Rule(4 * MiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+    assert rules["gather_tokens"] == (Rule(4 * MiB, "nvlink", "one_shot"), Rule(None, "nccl", "nccl"))
+    assert sorted(key for key in rules if "@" in key) == ["scatter_tokens@tp4"]
+
+
+def test_where_attn_tp_is_1_a_candidate_that_runs_another_s_kernel_reads_its_time():
+    """dp4: gather_tokens' two_shot runs one_shot's kernel (all_gather_v's one-shot), two_step the
+    kernel of all_gather_v's rule at that size (here Lamport to 128 KiB, one_shot above); dp2xtp2
+    keeps every timing."""
+    results = _transitions_results(random.Random(0))
+    gather = tune.samples(results, "tr.json")["gather_tokens"]
+    timed = {nbytes: {g: dict(us) for g, us in groups.items()} for nbytes, groups in gather.items()}
+    rules = {"all_gather_v": (Rule(128 * KiB, "nvlink", LAMPORT), Rule(None, "nvlink", "one_shot"))}
+    tune.same_kernel_times("gather_tokens", gather, rules)
+    ours = lambda a: ("nvlink", a)  # noqa: E731
+    for nbytes, groups in gather.items():
+        for (where, layout), us in groups.items():
+            before = timed[nbytes][(where, layout)]
+            if layout == "dp2xtp2":
+                assert us == before
+                continue
+            step_runs = LAMPORT if nbytes <= 128 * KiB else "one_shot"
+            assert us[ours("two_step")] == before[ours(step_runs)]
+            assert ours("two_shot") not in before or us[ours("two_shot")] == before[ours("one_shot")]
+            assert all(us[c] == before[c] for c in before if c not in (ours("two_step"), ours("two_shot")))
 
 def test_forced_fused_columns_fill_the_norm_rules_and_the_choice_column_stands_in_only_without_them():
     """Results with hc_fused / hc_fused_lamport: fused_lamport fastest to 64 KiB, fused above, and
@@ -266,6 +321,15 @@ BAD = {
     "nccl's algorithm": (lambda d: _break_rules(d, "all_reduce", 1, algorithm="one_shot"), "backend nccl runs"),
     "text size": (lambda d: _break_rules(d, "all_reduce", 0, max_bytes="128K"), "positive integer or null"),
     "extra key": (lambda d: _break_rules(d, "all_reduce", 0, min_bytes=0), "expected keys max_bytes"),
+    "layout of a row op": (lambda d: d["rules"].update({"all_reduce@tp4": d["rules"]["all_reduce"]}),
+                           "'all_reduce@tp4': only the transitions (gather_tokens, gather_tokens_norm"),
+    "unknown layout": (lambda d: d["rules"].update({"scatter_tokens@tp4x": d["rules"]["all_reduce"]}),
+                       "'scatter_tokens@tp4x': expected a layout's attention name after '@'"),
+    "layout with MoE": (lambda d: d["rules"].update({"scatter_tokens@tp4,moe_tp2": d["rules"]["all_reduce"]}),
+                        "expected a layout's attention name"),
+    "layout's rule": (lambda d: d["rules"].update({"scatter_tokens@tp4": [{"max_bytes": None, "backend": "nvlink",
+                                                                           "algorithm": "fused"}]}),
+                      "scatter_tokens@tp4 rule 0: unknown algorithm 'fused'"),
     "no format": (lambda d: d.pop("format"), "hybridcomm-table/1"),
     "no rules": (lambda d: d.pop("rules"), "\"rules\" must map ops"),
 }
@@ -284,6 +348,22 @@ def test_a_bad_table_file_says_what_is_wrong(case, tmp_path):
     with pytest.raises(table_file.TableFileError):
         table_file.write(doc, tmp_path / "never.json")  # write checks too
     assert not (tmp_path / "never.json").exists()
+
+
+def test_a_file_s_rules_for_an_op_replace_the_built_in_ones_for_every_layout(tmp_path):
+    """The file measured scatter_tokens: the built-in table's rules for it on tp4 go too (they
+    would otherwise still win there); its rules for one layout apply to that layout."""
+    assert "scatter_tokens@tp4" in algorithms.TABLE
+    doc = _doc()
+    doc["rules"]["scatter_tokens"] = [{"max_bytes": None, "backend": "nvlink", "algorithm": "one_shot"}]
+    doc["rules"]["scatter_tokens@dp2xtp2"] = [{"max_bytes": None, "backend": "nvlink", "algorithm": "two_step"}]
+    table = table_file.load(table_file.write(doc, tmp_path / "t.json"))
+    assert sorted(key for key in table if key.startswith("scatter_tokens")) == ["scatter_tokens",
+                                                                                 "scatter_tokens@dp2xtp2"]
+    assert table["gather_tokens@dp4"] == algorithms.TABLE["gather_tokens@dp4"]  # not in the file: built-in
+    never = lambda algorithm: None  # noqa: E731
+    assert algorithms.choose("scatter_tokens", 4 * MiB, never, table, "tp4").algorithm == "one_shot"
+    assert algorithms.choose("scatter_tokens", 4 * MiB, never, table, "dp2xtp2").algorithm == "two_step"
 
 
 def test_a_file_that_is_not_json(tmp_path):

@@ -17,6 +17,12 @@ table from such results as data (tune.py, table_file.py; tables/4xH200.json is i
 the same run, README says where it differs from this one); `Communicator(table="4xH200")` or
 a file's path loads one.
 
+The token transitions (the ops on the world, ops.OpSpec.on_world) may also have rules for one
+layout: key "<op>@<layout>", the layout's attention part (Layout.attention_name: "gather_tokens@tp4").
+A call on that layout reads them instead of the op's own, which hold for every other layout. What
+a transition moves, and so which algorithm is fastest at a message size, depends on how attention
+splits the world: at 2 MiB two_step wins TP4's scatter and Lamport DP2xTP2's (TABLE below).
+
 Groups that span nodes use the table of their node count (TABLES: the entry with the largest
 node count not above the group's): hierarchical algorithms (backends/hierarchical.py) whose
 legs inside a node are the communicator's own ops on the group's node part (so they go
@@ -43,6 +49,26 @@ class Rule:
     max_bytes: int | None  # inclusive; None = unbounded
     backend: str  # "nvlink" | "nccl"
     algorithm: str
+
+
+LAYOUT_SEPARATOR = "@"
+
+
+def layout_key(op: str, layout: str) -> str:
+    """The table key of `op`'s rules for one layout (its attention name: "dp2xtp2")."""
+    return f"{op}{LAYOUT_SEPARATOR}{layout}"
+
+
+def key_op(key: str) -> str:
+    """The op a table key holds rules for ("gather_tokens@tp4" -> "gather_tokens")."""
+    return key.partition(LAYOUT_SEPARATOR)[0]
+
+
+def with_rules(table: dict[str, tuple[Rule, ...]], new: dict[str, tuple[Rule, ...]]) -> dict[str, tuple[Rule, ...]]:
+    """`table` with every op of `new` ruled by `new` alone: the op's old rules go, its rules for
+    single layouts included (else those would still win on their layouts)."""
+    replaced = {key_op(key) for key in new}
+    return {**{key: rules for key, rules in table.items() if key_op(key) not in replaced}, **new}
 
 
 LAMPORT = "one_shot_lamport"  # the one-shot on the Lamport protocol (half LL's bytes, no flags)
@@ -77,13 +103,25 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # mean over the layouts measured there (bench transitions: 8 KiB per token, so 2 MiB is TP4
     # at 256 tokens/rank, DP2xTP2 at 128, DP4 at 64). From 2 MiB it wins where attn_tp > 1 (TP4
     # 256: 23.3 vs Lamport 27.3 us; 4 MiB: TP4 512 31.9 vs 50.6, DP2xTP2 256 26.9 vs 30.4; 8 MiB:
-    # DP2xTP2 512 42.9 vs 55.3). Its loss: DP2xTP2 at 128 tokens/rank (2 MiB) takes 20.5 us
-    # against Lamport's 19.4. On DP4 (attn_tp = 1) it runs the same Lamport all_gather_v kernel
-    # (11.9 vs 11.8 at 2 MiB ... 57.2 vs 56.1 at 16 MiB: noise, within the 5% tolerance).
+    # DP2xTP2 512 42.9 vs 55.3).
     "gather_tokens": (
         Rule(64 * KiB, "nvlink", "one_shot"),
         Rule(1 * MiB, "nvlink", LAMPORT),
         Rule(16 * MiB, "nvlink", "two_step"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    # Where those rules lose on one layout (by more than 5%), its own: DP2xTP2 at 128 tokens/rank
+    # (2 MiB) takes 20.5 us on two_step against Lamport's 19.4. DP4 (attn_tp = 1) runs
+    # all_gather_v's kernels, where Lamport wins from 1 token/rank (32 KiB: 7.2 vs LL's 7.6) and
+    # two_step runs that same kernel (tune reads one timing for both: tune.same_kernel_times).
+    layout_key("gather_tokens", "dp2xtp2"): (
+        Rule(128 * KiB, "nvlink", "one_shot"),
+        Rule(2 * MiB, "nvlink", LAMPORT),
+        Rule(16 * MiB, "nvlink", "two_step"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    layout_key("gather_tokens", "dp4"): (
+        Rule(16 * MiB, "nvlink", LAMPORT),
         Rule(None, "nccl", "nccl"),
     ),
     "gather_tokens_norm": (  # gather_tokens with residual + RMSNorm fused
@@ -137,12 +175,19 @@ TABLE: dict[str, tuple[Rule, ...]] = {
     # Message = the world-partial input (all tokens). two_step: reduce_scatter_v over the world,
     # then all_gather_v over attn-TP (the 23:20 run's "hc_unfused"), from 4 MiB (TP4 512: 32.8 vs
     # Lamport 53.9 us; DP2xTP2 256: 27.3 vs 29.2; 8 MiB: DP2xTP2 512 45.7 vs 54.3). At 2 MiB the
-    # layouts disagree and the geometric mean keeps Lamport (17.8 vs 18.4 us): TP4 at 256
-    # tokens/rank loses 4.4 us there (Lamport 27.7 vs two_step 23.3), while DP2xTP2 at 128 gains
-    # 4.7 (16.4 vs 21.1). DP4: the same Lamport reduce_scatter_v kernel either way.
+    # layouts disagree and the geometric mean keeps Lamport (17.8 vs 18.4 us): DP2xTP2 at 128
+    # tokens/rank gains 4.7 us there (16.4 vs 21.1). DP4: the same Lamport reduce_scatter_v kernel
+    # either way.
     "scatter_tokens": (
         Rule(128 * KiB, "nvlink", "one_shot"),
         Rule(2 * MiB, "nvlink", LAMPORT),
+        Rule(16 * MiB, "nvlink", "two_step"),
+        Rule(None, "nccl", "nccl"),
+    ),
+    # TP4 at 256 tokens/rank (2 MiB) would lose 4.4 us on Lamport (27.7 vs two_step's 23.3).
+    layout_key("scatter_tokens", "tp4"): (
+        Rule(128 * KiB, "nvlink", "one_shot"),
+        Rule(1 * MiB, "nvlink", LAMPORT),
         Rule(16 * MiB, "nvlink", "two_step"),
         Rule(None, "nccl", "nccl"),
     ),
@@ -205,8 +250,8 @@ def picks_protocol(tables: dict[int, dict[str, tuple[Rule, ...]]], protocol) -> 
     """Whether any rule of these tables (node count -> table) names an algorithm on `protocol`
     (ops.Protocol): the workspace holds a protocol's areas only where one can run."""
     return any(rule.backend == "nvlink" and rule.algorithm is not None
-               and ops.OPS[op].algorithm(rule.algorithm).protocol is protocol
-               for table in tables.values() for op, rules in table.items() for rule in rules)
+               and ops.OPS[key_op(key)].algorithm(rule.algorithm).protocol is protocol
+               for table in tables.values() for key, rules in table.items() for rule in rules)
 
 
 def table_for_nodes(nodes: int, tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> dict[str, tuple[Rule, ...]]:
@@ -217,7 +262,7 @@ def choose_across_nodes(op: str, message_bytes: int, nodes: int, device_sizes: b
                         tables: dict[int, dict[str, tuple[Rule, ...]]] = TABLES) -> "Choice":
     """The rule for a group over `nodes` nodes; NCCL rules give way to the hierarchical path
     when the sizes live on the device."""
-    rule = _rule(table_for_nodes(nodes, tables)[op], message_bytes)
+    rule = rule_at(table_for_nodes(nodes, tables)[op], message_bytes)
     if rule.backend == "nccl" and device_sizes and op != "all_reduce":
         choice = Choice("hierarchical", "rail_first", "device-side sizes: NCCL needs counts on the host")
     else:
@@ -228,7 +273,7 @@ def choose_across_nodes(op: str, message_bytes: int, nodes: int, device_sizes: b
     return choice
 
 
-def _rule(rules: tuple[Rule, ...], message_bytes: int) -> Rule:
+def rule_at(rules: tuple[Rule, ...], message_bytes: int) -> Rule:
     """The first rule whose max_bytes holds the message (the last one otherwise)."""
     for rule in rules:
         if rule.max_bytes is None or message_bytes <= rule.max_bytes:
@@ -244,15 +289,17 @@ class Choice:
 
 
 def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | None],
-           table: dict[str, tuple[Rule, ...]] = TABLE) -> Choice:
-    """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can).
+           table: dict[str, tuple[Rule, ...]] = TABLE, layout: str | None = None) -> Choice:
+    """nvlink_blocker(algorithm): why our kernel cannot run this call (None if it can); layout:
+    the communicator's attention name, where the op is a transition (the module docstring).
 
     The first rule whose max_bytes holds the message; if our kernel cannot run it (a row width,
     a dtype, the workspace), the call passes on to the next rules, which are for larger
     messages, so they run it too (e.g. the quantized gather's LL kernel needs its unquantized
     rows in half an area, the Lamport kernel in a whole one), and to NCCL when none can."""
-    rules = table[op]
-    first = rules.index(_rule(rules, message_bytes))
+    own = layout is not None and layout_key(op, layout) in table
+    rules = table[layout_key(op, layout) if own else op]
+    first = rules.index(rule_at(rules, message_bytes))
     blocked = []  # (algorithm, why) of the rules our kernels could not run
     for rule in rules[first:]:
         why = nvlink_blocker(rule.algorithm) if rule.backend == "nvlink" else None
@@ -264,7 +311,7 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
     else:
         limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
         passed = "".join(f"; {a} blocked: {w}" for a, w in blocked)
-        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{passed}")
+        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{f' for {layout}' * own}{passed}")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,
                   choice.algorithm, choice.reason)
@@ -274,8 +321,7 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
 def forced(algorithms: dict[str, str], table: dict[str, tuple[Rule, ...]] = TABLE) -> dict[str, tuple[Rule, ...]]:
     """A table that runs op -> algorithm on our kernels at every size (tests and benchmarks:
     `Communicator(layout, table=forced({"all_reduce": "two_shot"}))`)."""
-    return {op: (Rule(None, "nvlink", algorithms[op]),) if op in algorithms else rules
-            for op, rules in table.items()}
+    return with_rules(table, {op: (Rule(None, "nvlink", algorithm),) for op, algorithm in algorithms.items()})
 
 
 # Every algorithm of a kind forced on every op that has one (tests and `hybridcomm check`).

@@ -439,7 +439,8 @@ class Communicator:
                 return "nvlink backend not loaded"
             return nvlink.blocker(op, algorithm, group, x, sizes)
 
-        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table)
+        layout = self.layout.attention_name if OPS[op].on_world else None  # a transition: its layout's rules
+        choice = algorithms.choose(op, self._message_bytes(op, x, sizes, index, quant), blocker, self.table, layout)
         if choice.backend not in self.backends:  # nccl without an NCCL process group
             return algorithms.Choice("reference", None, f"no NCCL process group (the table: {choice.reason})")
         return choice

@@ -141,13 +141,17 @@ class Layout:
     @property
     def name(self) -> str:
         """Short name as used on the command line: dp4, dp2xtp2, tp4 (+ ',moe_tp2' if set)."""
+        return self.attention_name + (f",moe_tp{self.moe_tp}" if self.moe_tp > 1 else "")
+
+    @property
+    def attention_name(self) -> str:
+        """The attention part of the name (dp4, dp2xtp2, tp4): what the token transitions move
+        depends on it alone (selection tables key rules by it: algorithms.py)."""
         if self.attn_dp == 1 and self.attn_tp > 1:
-            base = f"tp{self.attn_tp}"
-        elif self.attn_tp == 1:
-            base = f"dp{self.attn_dp}"
-        else:
-            base = f"dp{self.attn_dp}xtp{self.attn_tp}"
-        return base + (f",moe_tp{self.moe_tp}" if self.moe_tp > 1 else "")
+            return f"tp{self.attn_tp}"
+        if self.attn_tp == 1:
+            return f"dp{self.attn_dp}"
+        return f"dp{self.attn_dp}xtp{self.attn_tp}"
 
     @classmethod
     def parse(cls, text: str, ranks_per_node: int | None = None) -> "Layout":

@@ -12,6 +12,7 @@ new OpSpec, its kernel file and its backends' methods: docs/architecture.md ("Ad
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -152,6 +153,16 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
            on_world=True, quantized=True),
 )}
 
+
+
+@functools.cache
+def reduced(op: str, algorithm: str, axis: str = "attn_tp") -> tuple[str, str]:
+    """(the op `op` is where `axis` has size 1 (OpSpec.reduces_to), the algorithm it runs as
+    there): the same algorithm where that op has it (the Lamport one-shot), else its first. Not
+    for a composed algorithm, which runs its steps, each by the table (two_step.py)."""
+    other = OPS[op].reduces_to[axis]
+    names = [a.name for a in OPS[other].algorithms]
+    return other, algorithm if algorithm in names else names[0]
 
 
 def op_name(code: int) -> str:

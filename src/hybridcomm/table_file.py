@@ -4,13 +4,15 @@ reads (a path, or the name of a file in src/hybridcomm/tables/ such as "4xH200")
     {"format": "hybridcomm-table/1",
      "measured_on": {"gpu": ..., "world_size": ..., "sources": [{"file": ..., "environment": {...}}]},
      "method": {...}, "not_measured": [ops],
-     "rules": {op: [{"max_bytes": int | null, "backend": "nvlink" | "nccl", "algorithm": name}, ...]},
-     "evidence": {op: [{"bytes": ..., "chosen": ..., "us": {candidate: µs}}, ...]}}
+     "rules": {key: [{"max_bytes": int | null, "backend": "nvlink" | "nccl", "algorithm": name}, ...]},
+     "evidence": {key: [{"bytes": ..., "chosen": ..., "us": {candidate: µs}}, ...]}}
 
-Only "format" and "rules" are read; the rest says where the rules came from. Rules are
-checked like algorithms.TABLE's (a known op, a registry algorithm on nvlink, max_bytes
-strictly increasing, the last one null). An op the file has no rules for keeps the built-in
-table's (algorithms.TABLE): a file states what was measured, nothing more.
+A key is an op, or a transition's op and a layout ("scatter_tokens@tp4": algorithms.py, rules for
+one layout). Only "format" and "rules" are read; the rest says where the rules came from. Rules
+are checked like algorithms.TABLE's (a known op, a layout of the canonical attention name, a
+registry algorithm on nvlink, max_bytes strictly increasing, the last one null). An op the file
+has no rules for keeps the built-in table's (algorithms.TABLE), rules for single layouts
+included; an op it has rules for keeps none of them: a file states what was measured, nothing more.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .algorithms import TABLE, Rule
+from .algorithms import LAYOUT_SEPARATOR, TABLE, Rule, key_op, with_rules
+from .layout import Layout
 from .ops import OPS
 
 FORMAT = "hybridcomm-table/1"
@@ -73,7 +76,7 @@ def load(source: str | Path) -> dict[str, tuple[Rule, ...]]:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise TableFileError(f"table file {path}: not JSON ({e})") from None
-    return {**TABLE, **parse(doc, str(path))}
+    return with_rules(TABLE, parse(doc, str(path)))
 
 
 def parse(doc, where: str) -> dict[str, tuple[Rule, ...]]:
@@ -84,26 +87,46 @@ def parse(doc, where: str) -> dict[str, tuple[Rule, ...]]:
     rules = doc.get("rules")
     if not isinstance(rules, dict) or not rules:
         raise TableFileError(f"table file {where}: \"rules\" must map ops to lists of rules")
-    return {op: _op_rules(op, op_rules, where) for op, op_rules in rules.items()}
+    return {key: _op_rules(key, op_rules, where) for key, op_rules in rules.items()}
 
 
-def _op_rules(op: str, rules, where: str) -> tuple[Rule, ...]:
+def _check_key(key: str, where: str) -> str:
+    """The op of a rules key (an op, or "<op>@<layout>"), checked."""
+    op, _, layout = key.partition(LAYOUT_SEPARATOR)
     if op not in OPS:
         raise TableFileError(f"table file {where}: unknown op {op!r}; ops are {list(OPS)}")
+    if key == op:
+        return op
+    if not OPS[op].on_world:
+        transitions = [name for name, spec in OPS.items() if spec.on_world]
+        raise TableFileError(f"table file {where}: {key!r}: only the transitions ({', '.join(transitions)}) "
+                             f"have rules for one layout")
+    try:
+        canonical = Layout.parse(layout).attention_name
+    except ValueError:
+        canonical = None
+    if canonical != layout:
+        raise TableFileError(f"table file {where}: {key!r}: expected a layout's attention name after "
+                             f"{LAYOUT_SEPARATOR!r}, such as 'dp4', 'tp4' or 'dp2xtp2'")
+    return op
+
+
+def _op_rules(key: str, rules, where: str) -> tuple[Rule, ...]:
+    _check_key(key, where)
     if not isinstance(rules, list) or not rules:
-        raise TableFileError(f"table file {where}: {op}: expected a non-empty list of rules")
-    parsed = tuple(_rule(op, i, r, where) for i, r in enumerate(rules))
+        raise TableFileError(f"table file {where}: {key}: expected a non-empty list of rules")
+    parsed = tuple(_rule(key, i, r, where) for i, r in enumerate(rules))
     for i, (before, after) in enumerate(zip(parsed, parsed[1:])):
         if before.max_bytes is None or (after.max_bytes is not None and after.max_bytes <= before.max_bytes):
-            raise TableFileError(f"table file {where}: {op}: max_bytes must increase from rule to rule; rule {i} "
+            raise TableFileError(f"table file {where}: {key}: max_bytes must increase from rule to rule; rule {i} "
                                  f"has {before.max_bytes}, rule {i + 1} {after.max_bytes}")
     if parsed[-1].max_bytes is not None:
-        raise TableFileError(f"table file {where}: {op}: the last rule needs \"max_bytes\": null (every larger size)")
+        raise TableFileError(f"table file {where}: {key}: the last rule needs \"max_bytes\": null (every larger size)")
     return parsed
 
 
-def _rule(op: str, i: int, r, where: str) -> Rule:
-    what = f"table file {where}: {op} rule {i}"
+def _rule(key: str, i: int, r, where: str) -> Rule:
+    what, op = f"table file {where}: {key} rule {i}", key_op(key)
     if not isinstance(r, dict) or set(r) != {"max_bytes", "backend", "algorithm"}:
         raise TableFileError(f"{what}: expected keys max_bytes, backend, algorithm; got {r!r}")
     limit, backend, algorithm = r["max_bytes"], r["backend"], r["algorithm"]

@@ -33,6 +33,17 @@ measured size it won: a size between two measured sizes goes to the larger size'
 kernel is extended past a size where it was measured to win). Past the largest measured size
 NCCL runs (a last rule `max_bytes: null` on nccl is added when NCCL did not win there).
 
+Where attn_tp = 1 a transition runs the op it reduces to (ops.reduced: gather_tokens' two_shot
+runs all_gather_v's one-shot kernel, as its one_shot does; two_step runs the kernel that op's rule
+names at that size, tuned first), so a candidate that runs another's kernel there reads that one's
+time: two timings of one kernel differ by noise alone, and must not decide a rule.
+
+The transitions get rules for one layout (algorithms.py: "scatter_tokens@tp4") where the op's
+rules, chosen over every layout, lose on that one: where at some size of it they run a candidate
+more than TOLERANCE slower than its fastest there. Those rules are tuned from that layout's
+measurements alone, the same way, up to its largest measured size; past it the op's rules go on
+(they were measured there on other layouts; the layout was not).
+
 Only the balanced transitions (and quant) cases count (the table is keyed by message bytes alone, and an
 imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
 (`bench nodes`) are refused: this writes the single-node table.
@@ -44,7 +55,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from .algorithms import Rule
+from .algorithms import Rule, layout_key, rule_at
+from .ops import reduced
 from .bench.report import input_elem_bytes
 from .layout import Layout
 from .ops import OPS
@@ -158,18 +170,18 @@ def quant_records(results: dict) -> list[dict]:
 
 
 def samples(results: dict, where: str) -> dict[str, dict[int, dict[str, dict[tuple[str, str], float]]]]:
-    """table op -> message bytes -> group (`where`, and the layout for transitions and quant) ->
-    candidate -> µs."""
+    """table op -> message bytes -> group ((`where`, the layout for transitions and quant, else
+    None)) -> candidate -> µs."""
     what = kind(results, where)
     if what == "quant":
-        return _samples(quant_records(results), where, lambda r: (r["bytes"], f"{where}:{r['layout']}"))
+        return _samples(quant_records(results), where, lambda r: (r["bytes"], (where, r["layout"])))
     if what == "ops":
-        return _samples(results["records"], where, lambda r: (r["bytes"], where))
+        return _samples(results["records"], where, lambda r: (r["bytes"], (where, None)))
     elem = input_elem_bytes(results)  # transitions: message = all tokens x hidden
     timed = {r["impl"] for r in results["records"]}
     records = [r for r in results["records"] if r["case"] == "balanced" and STAND_INS.get(r["impl"]) not in timed]
     return _samples(records, where,
-                    lambda r: (sum(r["tokens_per_dp"]) * results["hidden"] * elem, f"{where}:{r['layout']}"))
+                    lambda r: (sum(r["tokens_per_dp"]) * results["hidden"] * elem, (where, r["layout"])))
 
 
 def _samples(records: list[dict], where: str, place) -> dict:
@@ -239,10 +251,79 @@ def tune_op(op: str, by_size: dict[int, dict], tolerance: float = TOLERANCE):
     if not measured:
         return None
     chosen = winners([us for _, us in measured], preference(op), tolerance)
-    evidence = [{"bytes": nbytes, "chosen": "/".join(c), "measured_in": sorted(by_size[nbytes]),
+    evidence = [{"bytes": nbytes, "chosen": "/".join(c), "measured_in": sorted(map(_label, by_size[nbytes])),
                  "us": {"/".join(k): round(t, 3) for k, t in sorted(us.items(), key=lambda kv: kv[1])}}
                 for (nbytes, us), c in zip(measured, chosen)]
     return rules_from_winners([(nbytes, c) for (nbytes, _), c in zip(measured, chosen)]), evidence
+
+
+def _label(group: tuple[str, str | None]) -> str:
+    """A group as the evidence names it: the file, and the layout where there is one."""
+    where, layout = group
+    return where if layout is None else f"{where}:{layout}"
+
+
+def same_kernel_times(op: str, by_size: dict[int, dict], rules: dict[str, tuple[Rule, ...]]) -> None:
+    """Where attn_tp = 1: each candidate of a transition that runs another candidate's kernel
+    reads that one's time (module docstring); `rules`: those tuned so far (the reduced op's),
+    else the built-in table's."""
+    from .algorithms import TABLE
+
+    if "attn_tp" not in OPS[op].reduces_to:
+        return
+    for nbytes, groups in by_size.items():
+        for (_, layout), us in groups.items():
+            if layout is None or Layout.parse(layout).attn_tp != 1:
+                continue
+            for (backend, algorithm) in list(us):
+                runs = _kernel_where_attn_tp_is_1(op, algorithm, nbytes, rules, TABLE) if backend == "nvlink" else None
+                if runs is not None and runs != algorithm and ("nvlink", runs) in us:
+                    us[(backend, algorithm)] = us[("nvlink", runs)]
+
+
+def _kernel_where_attn_tp_is_1(op: str, algorithm: str, nbytes: int, rules: dict, table: dict) -> str | None:
+    """The algorithm of `op` that runs the same kernel as `algorithm` where attn_tp = 1 (the
+    one named like the reduced op's algorithm), or None (NCCL, or no such algorithm)."""
+    if OPS[op].algorithm(algorithm).composed:
+        other = OPS[op].reduces_to["attn_tp"]
+        rule = rule_at(rules.get(other) or table[other], nbytes)
+        runs = rule.algorithm if rule.backend == "nvlink" else None
+    else:
+        runs = reduced(op, algorithm)[1]
+    return runs if runs in [a.name for a in OPS[op].algorithms] else None
+
+
+def per_layout(by_size: dict[int, dict]) -> dict[str, dict[int, dict]]:
+    """A transition's samples (bytes -> group -> candidate -> µs) split by layout."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for nbytes, groups in by_size.items():
+        for group, us in groups.items():
+            out[group[1]][nbytes][group] = us
+    return out
+
+
+def loses(rules: tuple[Rule, ...], by_size: dict[int, dict], tolerance: float) -> bool:
+    """Whether `rules` run, at some measured size, a candidate more than `tolerance` slower than
+    the fastest there (candidates compared as tune_op does; a size where the rules' candidate did
+    not run says nothing)."""
+    for nbytes, groups in by_size.items():
+        us = compare(groups)
+        rule = rule_at(rules, nbytes)
+        if us and us.get((rule.backend, rule.algorithm), 0) > min(us.values()) * (1 + tolerance):
+            return True
+    return False
+
+
+def continued(own: tuple[Rule, ...], general: tuple[Rule, ...], largest: int) -> tuple[Rule, ...]:
+    """A layout's own rules to `largest`, its largest measured size, and the op's `general`
+    rules past it (where its own rules end with NCCL only because nothing larger was measured:
+    rules_from_winners; NCCL that won at `largest` stays)."""
+    if len(own) < 2 or own[-2].max_bytes != largest:
+        return own
+    head, tail = list(own[:-1]), [r for r in general if r.max_bytes is None or r.max_bytes > largest]
+    if (tail[0].backend, tail[0].algorithm) == (head[-1].backend, head[-1].algorithm):
+        head[-1] = tail.pop(0)
+    return tuple(head + tail)
 
 
 def measured_on(sources: list[tuple[str, dict]]) -> dict:
@@ -271,9 +352,19 @@ def tune(sources: list[tuple[str, dict]], tolerance: float = TOLERANCE) -> dict:
     shape = measured_on(sources)
     rules, evidence = {}, {}
     for op in OPS:  # registry order
+        if op in merged:
+            same_kernel_times(op, merged[op], rules)
         tuned = tune_op(op, merged[op], tolerance) if op in merged else None
-        if tuned is not None:
-            rules[op], evidence[op] = tuned
+        if tuned is None:
+            continue
+        rules[op], evidence[op] = tuned
+        if not OPS[op].on_world:
+            continue
+        for layout, by_size in sorted(per_layout(merged[op]).items()):  # rules for one layout (docstring)
+            if loses(rules[op], by_size, tolerance):
+                key = layout_key(op, layout)
+                own, evidence[key] = tune_op(op, by_size, tolerance)
+                rules[key] = continued(own, rules[op], max(by_size))
     return {"format": FORMAT, "measured_on": shape,
             "method": {"tolerance": tolerance, "tool": "hybridcomm tune (src/hybridcomm/tune.py: how the "
                                                         "winner and the boundaries are chosen)"},
@@ -339,11 +430,11 @@ def describe(doc: dict) -> str:
     dates = ", ".join(f"{s['file']} ({s['environment'].get('date', 'undated')})" for s in shape["sources"])
     lines = [f"table for {shape['gpu']} x{shape['world_size']}, tolerance {doc['method']['tolerance']:.0%}, "
              f"from {dates}"]
-    for op, rules in parse(doc, "tune").items():
-        same = rules == TABLE[op]
-        lines.append(f"  {op:<19} {rules_text(rules)}" + ("  (= built-in)" if same else ""))
-        if not same:
-            lines.append(f"  {'':<19} built-in: {rules_text(TABLE[op])}")
+    for key, rules in parse(doc, "tune").items():
+        built_in = TABLE.get(key)
+        lines.append(f"  {key:<27} {rules_text(rules)}" + ("  (= built-in)" if rules == built_in else ""))
+        if rules != built_in:
+            lines.append(f"  {'':<27} built-in: {rules_text(built_in) if built_in else 'none for this layout'}")
     if doc["not_measured"]:
         lines.append(f"  not measured (the built-in rules apply): {', '.join(doc['not_measured'])}")
     return "\n".join(lines)

@@ -19,7 +19,7 @@ from ..arguments import Sizes, result_rows
 from ..errors import ArgumentMismatch, CapacityExceeded, PeerTimeout
 from ..groups import Group
 from ..layout import GROUP_NAMES
-from ..ops import CHUNKED, FUSED_LAMPORT, LAMPORT, LL, OPS, QUANT_LOCAL, Protocol, op_name
+from ..ops import CHUNKED, FUSED_LAMPORT, LAMPORT, LL, OPS, QUANT_LOCAL, Protocol, op_name, reduced
 from ..pipeline import PipelineParams, params_for
 from ..quant import QuantizedRows
 from ..two_step import TwoStep
@@ -185,7 +185,7 @@ class NvlinkBackend:
 
     def _reduced(self, op: str, x, dp_sizes: Sizes, algorithm: str):
         """A transition run as the op it is when its attention-TP axis has size 1."""
-        other, algorithm = _reduced_to(op, algorithm)
+        other, algorithm = reduced(op, algorithm)
         return getattr(self, other)(x, dp_sizes, self.groups["world"], algorithm)
 
     def close(self) -> None:
@@ -275,12 +275,3 @@ def _is_composed(op: str, algorithm: str) -> bool:
 @functools.cache
 def _code(op: str, algorithm: str) -> int:
     return int(OPS[op].algorithm(algorithm).code)
-
-
-@functools.cache
-def _reduced_to(op: str, algorithm: str) -> tuple[str, str]:
-    """(the op a transition is when attn_tp = 1, its algorithm): the same algorithm where that
-    op has it (the Lamport one-shot), else its first."""
-    other = OPS[op].reduces_to["attn_tp"]
-    names = [a.name for a in OPS[other].algorithms]
-    return other, algorithm if algorithm in names else names[0]
