@@ -1,0 +1,56 @@
+"""GPU test of the selection table's rules for one layout (algorithms.py: "scatter_tokens@tp4"):
+on every layout of the world that has some in the built-in table, a transition at a message
+size where those rules and the op's own name different algorithms runs the layout's algorithm,
+with the reference backend's bits. World 4 with 4 or more GPUs (or --gpu-ranks 4), else 2;
+skipped with fewer, and where the built-in table has no rules for a layout of that world."""
+
+import pytest
+
+from conftest import gpu_count, needs_gpus
+from hybridcomm import Layout, algorithms
+from hybridcomm.check import Case
+from test_gpu_two_step import _selected_and_reference
+
+pytestmark = [pytest.mark.gpu, needs_gpus(2)]
+
+WORLD = 4 if gpu_count() >= 4 else 2
+HIDDEN = 4096
+ROW_BYTES = HIDDEN * 2  # bf16
+
+
+def _where_they_differ(op: str, layout: Layout, largest: int = 4 << 20) -> list[tuple[int, str]]:
+    """(message bytes, the layout's algorithm) at sizes next to each rule limit (the largest
+    whole rows of every DP group within it, and one row more each) where the layout's rules and
+    the op's own name different algorithms; one size per algorithm, up to `largest`."""
+    own = algorithms.TABLE[algorithms.layout_key(op, layout.attention_name)]
+    shared = algorithms.TABLE[op]
+    step = ROW_BYTES * layout.attn_dp  # one more row in every DP group
+    limits = sorted({r.max_bytes for r in own + shared if r.max_bytes is not None})
+    sizes = sorted({n for b in limits for n in (b // step * step, b // step * step + step) if 0 < n <= largest})
+    points = {}
+    for nbytes in sizes:
+        mine = algorithms.rule_at(own, nbytes)
+        if mine.backend == "nvlink" and mine.algorithm != algorithms.rule_at(shared, nbytes).algorithm:
+            points.setdefault(mine.algorithm, nbytes)
+    return [(nbytes, algorithm) for algorithm, nbytes in points.items()]
+
+
+CASES = [(op, lay, nbytes, algorithm)
+         for lay in Layout.all_for_world(WORLD) if lay.moe_tp == 1
+         for op in ("gather_tokens", "scatter_tokens")
+         if algorithms.layout_key(op, lay.attention_name) in algorithms.TABLE
+         for nbytes, algorithm in _where_they_differ(op, lay)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not CASES, reason=f"the built-in table has no rules for one layout of world {WORLD}")
+def test_a_layout_s_own_rules_choose_its_kernel_with_the_reference_s_bits(pool):
+    cases = [Case(op, lay, (nbytes // ROW_BYTES // lay.attn_dp,) * lay.attn_dp, row_shape=(HIDDEN,),
+                  dtype="bfloat16", data="randn", seed=i)
+             for i, (op, lay, nbytes, _) in enumerate(CASES)]
+    per_rank = pool(WORLD, "cuda").run(_selected_and_reference, cases, timeout=300)
+    for rank, outcomes in enumerate(per_rank):
+        for case, (_, _, nbytes, algorithm), (choice, got, want) in zip(cases, CASES, outcomes):
+            what = f"rank {rank}: {case.describe()} ({nbytes} bytes)"
+            assert choice == ("nvlink", algorithm), f"{what}: chose {choice}, the layout's rules say {algorithm}"
+            assert got == want, f"{what}: bits differ from the reference backend"
