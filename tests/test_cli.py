@@ -13,6 +13,19 @@ def test_info_prints_the_rank_table_and_workspace(capsys):
     assert "layout dp2xtp2" in out and "nvlink workspace" in out
 
 
+def test_info_shows_the_rules_each_op_runs_by_on_the_layout(capsys):
+    """A transition with rules for the layout shows those (tp4's scatter: two_step from 1 MiB), the
+    others the op's; --table shows another table's."""
+    assert main(["info", "--layout", "tp4"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[-8:]}
+    assert "<= 1 M: nvlink/one_shot_lamport; <= 16 M: nvlink/two_step" in lines["scatter_tokens"]
+    assert "(tp4's own)" in lines["scatter_tokens"] and "own" not in lines["gather_tokens"]
+    assert "(a group of any size)" in lines["all_reduce"]
+    assert main(["info", "--layout", "tp4", "--table", "lamport"]) == 0
+    out = capsys.readouterr().out
+    assert "(table: lamport)" in out and "scatter_tokens      larger: nvlink/one_shot_lamport\n" in out
+
+
 @pytest.mark.timeout(300)
 def test_check_passes_for_world_2_in_its_own_processes():
     run = subprocess.run([sys.executable, "-m", "hybridcomm", "check", "--world", "2", "--quick", "--device", "cpu"],

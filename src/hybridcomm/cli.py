@@ -64,7 +64,22 @@ def cmd_info(args) -> int:
     print()
     print("ops and their kernel algorithms (protocol):")
     print(describe_ops())
+    print()
+    print(_selection(layout, args.table))
     return 0
+
+
+def _selection(layout: Layout, table: str | None) -> str:
+    """The rules a communicator on `layout` picks kernels by on one node: `table`, else the one a
+    Communicator takes by default here (the packaged table of this machine's shape on CUDA)."""
+    from .algorithms import node_tables
+    from .table_file import describe_for_layout, for_machine
+
+    if table is None and torch.cuda.is_available():
+        table = for_machine(layout.ranks_per_node or layout.world_size, torch.cuda.get_device_name(0))
+    name = table or "the built-in table, algorithms.TABLE (= tables/4xH200.json)"
+    head = f"selection on {layout.attention_name} within a node, by message bytes (table: {name}):"
+    return head + "\n" + describe_for_layout(node_tables(table)[1], layout.attention_name)
 
 
 def _kernel_library() -> str:
@@ -418,6 +433,9 @@ def parser() -> argparse.ArgumentParser:
     info.add_argument("--workspace-bytes", type=ca.workspace_bytes, default=None,
                       help="nvlink workspace per peer, phase and slot: bytes, or with a K/M suffix; a multiple "
                            "of 16 (default 4M)")
+    info.add_argument("--table", type=ca.table, default=None,
+                      help="show the selection by this table (a name, a packaged table or a `hybridcomm tune` "
+                           "file; default: what a Communicator takes here)")
     info.set_defaults(fn=cmd_info)
 
     check = sub.add_parser("check", help="every op over every layout of a world against the oracle")

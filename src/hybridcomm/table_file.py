@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .algorithms import LAYOUT_SEPARATOR, TABLE, Rule, key_op, with_rules
+from .algorithms import LAYOUT_SEPARATOR, TABLE, Rule, key_op, layout_key, with_rules
 from .layout import Layout
 from .ops import OPS
 
@@ -140,6 +140,25 @@ def _rule(key: str, i: int, r, where: str) -> Rule:
     if backend == "nccl" and algorithm != "nccl":
         raise TableFileError(f"{what}: backend nccl runs algorithm \"nccl\", got {algorithm!r}")
     return Rule(limit, backend, algorithm)
+
+
+def rules_text(rules: tuple[Rule, ...]) -> str:
+    """Rules in one line: "<= 32 K: nvlink/one_shot; ...; larger: nccl/nccl"."""
+    from .bench.report import human_bytes
+
+    return "; ".join(f"{'<= ' + human_bytes(r.max_bytes) if r.max_bytes else 'larger'}: {r.backend}/{r.algorithm}"
+                     for r in rules)
+
+
+def describe_for_layout(table: dict[str, tuple[Rule, ...]], layout: str) -> str:
+    """Which rules a communicator on `layout` (its attention name) runs each op by, one op a line:
+    the transitions' rules for that layout where the table has them (algorithms.py)."""
+    lines = []
+    for op, spec in OPS.items():
+        key = layout_key(op, layout) if spec.on_world and layout_key(op, layout) in table else op
+        whose = f"  ({layout}'s own)" if key != op else ("" if spec.on_world else "  (a group of any size)")
+        lines.append(f"  {op:<19} {rules_text(table[key])}{whose}")
+    return "\n".join(lines)
 
 
 def write(doc: dict, path: str | Path) -> Path:

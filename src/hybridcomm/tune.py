@@ -419,12 +419,7 @@ def measure(world: int, layouts: list[Layout], sizes: list[int] | None, out: str
 def describe(doc: dict) -> str:
     """The table in words, each op beside the built-in table's rules where they differ."""
     from .algorithms import TABLE
-    from .bench.report import human_bytes
-    from .table_file import parse
-
-    def rules_text(rules) -> str:
-        return "; ".join(f"{'<= ' + human_bytes(r.max_bytes) if r.max_bytes else 'larger'}: "
-                         f"{r.backend}/{r.algorithm}" for r in rules)
+    from .table_file import parse, rules_text
 
     shape = doc["measured_on"]
     dates = ", ".join(f"{s['file']} ({s['environment'].get('date', 'undated')})" for s in shape["sources"])
