@@ -44,8 +44,8 @@ more than TOLERANCE slower than its fastest there. Those rules are tuned from th
 measurements alone, the same way, up to its largest measured size; past it the op's rules go on
 (they were measured there on other layouts; the layout was not).
 
-Only the balanced transitions (and quant) cases count (the table is keyed by message bytes alone, and an
-imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
+Only the balanced transitions (and quant) cases count (a rule is keyed by message bytes and
+layout, and an imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
 (`bench nodes`) are refused: this writes the single-node table.
 """
 
