@@ -1,6 +1,7 @@
 """hybridcomm.hf on GPUs: decode steps as CUDA graphs replayed with device-side counts (one
 capture per bucket), NCCL graphs with host counts, against the single-GPU model. Runs on 2
-GPUs (dp2, tp2) or 4 (dp2xtp2, dp4, tp4, dp2xtp2 with moe_tp 2); skipped without GPUs."""
+GPUs (dp2, tp2) or 4 (dp2xtp2, dp4, tp4, dp2xtp2 with moe_tp 2), including DP groups without
+prompts; skipped without GPUs."""
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 
 
-def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name: str, compiled: bool = False) -> dict:
+def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name: str, compiled: bool = False,
+                  counts: list[int] | None = None) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     kernels.poison_outputs = True  # rows the transitions leave unspecified are NaN: the model must not read them
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
@@ -32,7 +34,7 @@ def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name
     config = configs.make(name)
     model = hf.from_config(config, comm, seed=11, dtype=dtype)
     region_calls = count_region_calls(model.compile()) if compiled else []
-    counts = SEQUENCES[layout.attn_dp]
+    counts = counts or SEQUENCES[layout.attn_dp]
     dp = layout.coords(comm.rank).attn_dp_rank
     prompts = check.dp_prompts(config.vocab_size, counts, 5, dp)
     decoder = hf.Decoder(model, slots=max(counts), max_len=14, graphs=True,
@@ -60,6 +62,20 @@ def test_graph_decode_matches_one_gpu(pool, family, layout, dtype):
         if dtype == "float32":
             assert r["top1_agreement"] == 1.0, r
         assert r["graphs"] == r["keys"] <= r["mixes"], r  # one capture per bucket, not per count mix
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager_regions", "compiled_regions"])
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay[1] < WORLD], ids=lambda lay: lay[0])
+def test_dp_groups_without_prompts_decode_in_graphs(pool, layout, compiled):
+    """Only DP group 0 has prompts: the others' caches are first written in the first decode step,
+    and every rank must still make the same calls (found on 4 ranks: the empty groups ran the
+    first capture's warm-up once more than the others, and every call after it mismatched)."""
+    _, attn_tp, moe_tp = layout
+    counts = [3] + [0] * (WORLD // attn_tp - 1)
+    for r in pool(WORLD, "cuda").run(_graph_decode, "qwen3_moe-tiny", attn_tp, moe_tp, "auto", "bfloat16", compiled,
+                                     counts, timeout=600):
+        assert r["max_rel_error"] < TOLERANCE["bfloat16"], r
+        assert r["graphs"] == r["keys"] <= r["mixes"], r
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3"])

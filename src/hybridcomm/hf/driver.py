@@ -133,10 +133,14 @@ class Decoder:
             return None, ids, pos, counts, None, run
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        fresh = not self.cache.buffers
+        # The first capture runs the step twice: a rank whose DP group had no prompts allocates its
+        # cache only in the first run, and the second takes the capture's path (compiled regions
+        # compile there). Every rank runs it as often as the others (each run is a sequence of
+        # collectives), so this depends on what all ranks share, never on this rank's cache.
+        first = not self._captured
         with torch.cuda.stream(side):  # lazy setup (NCCL, allocator, kernels' first launch) outside capture
             run()
-            if fresh:  # that run allocated the cache; this one takes the capture's path (compiled regions compile)
+            if first:
                 run()
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
