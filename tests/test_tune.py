@@ -330,6 +330,9 @@ BAD = {
     "layout's rule": (lambda d: d["rules"].update({"scatter_tokens@tp4": [{"max_bytes": None, "backend": "nvlink",
                                                                            "algorithm": "fused"}]}),
                       "scatter_tokens@tp4 rule 0: unknown algorithm 'fused'"),
+    "layout's rules alone": (lambda d: d["rules"].update({"gather_tokens@dp4": [{"max_bytes": None, "backend": "nccl",
+                                                                                  "algorithm": "nccl"}]}),
+                             "'gather_tokens@dp4' needs 'gather_tokens''s own rules too"),
     "no format": (lambda d: d.pop("format"), "hybridcomm-table/1"),
     "no rules": (lambda d: d.pop("rules"), "\"rules\" must map ops"),
 }

@@ -311,7 +311,8 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
     else:
         limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
         passed = "".join(f"; {a} blocked: {w}" for a, w in blocked)
-        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{f' for {layout}' * own}{passed}")
+        whose = f" for {layout}" if own else ""
+        choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{whose}{passed}")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,
                   choice.algorithm, choice.reason)

@@ -154,7 +154,6 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in (
 )}
 
 
-
 @functools.cache
 def reduced(op: str, algorithm: str, axis: str = "attn_tp") -> tuple[str, str]:
     """(the op `op` is where `axis` has size 1 (OpSpec.reduces_to), the algorithm it runs as

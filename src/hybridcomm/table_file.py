@@ -87,7 +87,12 @@ def parse(doc, where: str) -> dict[str, tuple[Rule, ...]]:
     rules = doc.get("rules")
     if not isinstance(rules, dict) or not rules:
         raise TableFileError(f"table file {where}: \"rules\" must map ops to lists of rules")
-    return {key: _op_rules(key, op_rules, where) for key, op_rules in rules.items()}
+    parsed = {key: _op_rules(key, op_rules, where) for key, op_rules in rules.items()}
+    for key in parsed:  # a layout's rules stand beside the op's, which every other layout runs by
+        if key_op(key) not in parsed:
+            raise TableFileError(f"table file {where}: {key!r} needs {key_op(key)!r}'s own rules too (for the "
+                                 f"other layouts): the file's rules replace all of the built-in ones for that op")
+    return parsed
 
 
 def _check_key(key: str, where: str) -> str:
