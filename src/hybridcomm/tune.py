@@ -45,8 +45,8 @@ measurements alone, the same way, up to its largest measured size; past it the o
 (they were measured there on other layouts; the layout was not).
 
 Only the balanced transitions (and quant) cases count (a rule is keyed by message bytes and
-layout, and an imbalanced case's bytes do not say how they are spread over the ranks). Results across simulated nodes
-(`bench nodes`) are refused: this writes the single-node table.
+layout, and an imbalanced case's bytes do not say how they are spread over the ranks). Results
+across simulated nodes (`bench nodes`) are refused: this writes the single-node table.
 """
 
 from __future__ import annotations
@@ -56,10 +56,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from .algorithms import Rule, layout_key, rule_at
-from .ops import reduced
 from .bench.report import input_elem_bytes
 from .layout import Layout
-from .ops import OPS
+from .ops import OPS, reduced
 from .table_file import FORMAT, rules_to_json
 
 # Identical kernels timed twice in one run differ by up to 3.5% (results/4xH200/transitions:
