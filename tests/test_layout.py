@@ -68,6 +68,17 @@ def test_parse_and_name_round_trip(text, expected):
     assert Layout.parse(expected.name) == expected
 
 
+@pytest.mark.parametrize("layout, attention", [
+    (Layout(4, attn_tp=2, moe_tp=2), "dp2xtp2"), (Layout(4, attn_tp=4, moe_tp=4), "tp4"), (Layout(4, moe_tp=2), "dp4"),
+    (Layout(8, attn_tp=2, ranks_per_node=4), "dp4xtp2"), (Layout(1), "dp1"),
+])
+def test_the_attention_name_leaves_out_the_moe_split(layout, attention):
+    """What the transitions move depends on the attention split alone (selection tables key
+    their rules for one layout by it); it parses back to the layout without its MoE split."""
+    assert layout.attention_name == attention and layout.name.startswith(attention)
+    assert Layout.parse(attention) == Layout(layout.world_size, attn_tp=layout.attn_tp)
+
+
 def test_parse_rejects_garbage():
     with pytest.raises(ValueError, match="cannot parse layout"):
         Layout.parse("four")
