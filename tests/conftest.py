@@ -75,6 +75,11 @@ def gpu_count() -> int:
     return int(os.environ.get(GPU_RANKS_ENV, 0)) or _visible_gpus()
 
 
+def gpu_world() -> int:
+    """The world the GPU tests run: 4 where 4 or more GPU ranks can be spawned, else 2."""
+    return 4 if gpu_count() >= 4 else 2
+
+
 def sharing_gpus() -> bool:
     return gpu_count() > _visible_gpus()
 

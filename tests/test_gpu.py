@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus, needs_nccl
+from conftest import gpu_world, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 # DP2xTP2, DP4, TP4 on 4 GPUs; DP2, TP2 on 2.
 MAIN_LAYOUTS = ([Layout(4, attn_tp=2), Layout(4), Layout(4, attn_tp=4)] if WORLD == 4
                 else [Layout(2), Layout(2, attn_tp=2)])

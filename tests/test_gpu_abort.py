@@ -12,12 +12,12 @@ import time
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 LAYOUT = Layout(WORLD, attn_tp=2)
 ROWS, HIDDEN = 48, 4096  # per DP group: several blocks' worth
 TIMEOUT_S, LATE_S = 0.5, 2.0

@@ -10,11 +10,11 @@ same point.
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 BAD = 1  # the rank whose call differs
 TIMEOUT_S = 5.0  # a hang shows as PeerTimeout (a failure) instead of blocking the suite
 

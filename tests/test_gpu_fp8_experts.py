@@ -14,7 +14,7 @@ On 4 GPUs the world-4 layouts, on 2 GPUs world 2.
 
 import pytest
 
-from conftest import gpu_count, needs_gpus, needs_nccl
+from conftest import gpu_world, needs_gpus, needs_nccl
 from test_fp8_experts import LAYOUTS_4, check_quantized_decoder, quantized_decoder
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
@@ -22,12 +22,8 @@ pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 LAYOUTS_2 = [("dp2", 1, [3, 0]), ("dp2", 2, [1, 6]), ("tp2", 1, [5])]
 
 
-def _world() -> int:
-    return 4 if gpu_count() >= 4 else 2
-
-
 def _layouts():
-    return LAYOUTS_4 if _world() == 4 else LAYOUTS_2
+    return LAYOUTS_4 if gpu_world() == 4 else LAYOUTS_2
 
 
 def scaled_mm_vs_reference(rows: list[int], hidden: int, cols: int) -> list[str]:
@@ -62,7 +58,7 @@ def scaled_mm_vs_reference(rows: list[int], hidden: int, cols: int) -> list[str]
 @pytest.mark.timeout(300)
 def test_scaled_mm_matches_the_reference_gemm(pool):
     # hidden 4096 -> the bench config's router + experts columns on DP2 (8200, padded to 8208)
-    per_rank = pool(_world(), "cuda").run(scaled_mm_vs_reference, [0, 1, 7, 64, 300], 4096, 8200, timeout=240)
+    per_rank = pool(gpu_world(), "cuda").run(scaled_mm_vs_reference, [0, 1, 7, 64, 300], 4096, 8200, timeout=240)
     failures = [f"rank {r}: {f}" for r, fs in enumerate(per_rank) for f in fs]
     assert not failures, "\n".join(failures)
 
@@ -105,7 +101,7 @@ def gathers_into_one_gemm(layout_name: str, dp_sizes: list[int], hidden: int) ->
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", ["dp", "tp"])
 def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
-    world = _world()
+    world = gpu_world()
     layout, sizes = {"dp": (f"dp{world}", [37, 0] + [5] * (world - 2)),
                      "tp": (f"dp{world // 2}xtp2" if world == 4 else "tp2", [29, 0] if world == 4 else [29])}[case]
     per_rank = pool(world, "cuda").run(gathers_into_one_gemm, layout, sizes, 4096, timeout=240)
@@ -122,7 +118,7 @@ def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("quant", ["fp8", "nvfp4"])
 def test_quantized_decoder_ours_vs_nccl(pool, quant):
-    world = _world()
+    world = gpu_world()
     for layout_name, moe_tp, dp_sizes in _layouts():
         results = pool(world, "cuda").run(quantized_decoder, layout_name, moe_tp, dp_sizes, quant, "bfloat16",
                                           ("ours", "nccl"), timeout=240)

@@ -20,9 +20,9 @@ import random
 import pytest
 import torch
 
-from conftest import needs_gpus
+from conftest import gpu_world, needs_gpus
 from test_gpu_lamport import mismatch
-from test_gpu_quant import _run, _world, model_qcases
+from test_gpu_quant import _run, model_qcases
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator, digest, expected, member_input, replay_sizes
 from hybridcomm.ops import OPS
@@ -39,7 +39,7 @@ TABLES = {"quant_lamport": "lamport", "quant": "quant_ll", "quant_one_hop": "qua
 def _layouts() -> list[Layout]:
     """The world's layouts with distinct attention axes (the MoE axes do not touch these ops)."""
     first: dict = {}
-    for lay in Layout.all_for_world(_world()):
+    for lay in Layout.all_for_world(gpu_world()):
         first.setdefault((lay.attn_dp, lay.attn_tp), lay)
     return list(first.values())
 
@@ -71,7 +71,7 @@ def test_negative_rows_carry_the_sentinel_word_through_the_swap(pool, algorithm)
 def test_model_hidden_size_and_rows_ending_in_half_a_unit(pool):
     """hidden 7168 (test_gpu_quant.py's cases), and hidden 48: nvfp4 data of 24 bytes ends in half
     a 16-byte unit, its 3 scale bytes in a unit of padding."""
-    world = _world()
+    world = gpu_world()
     small = [QuantCase(Case("all_gather_v", lay, (40, 0) + (3,) * (world - 2), row_shape=(48,), dtype="float16",
                             data="negative", seed=i), fmt)
              for i, lay in enumerate((Layout(world), Layout(world, attn_tp=2))) for fmt in ("fp8", "nvfp4")]
@@ -83,7 +83,7 @@ def _many_rows_qcases() -> list[QuantCase]:
     next row loaded while this one is quantized (quant_rows.cuh stage_my_rows): uneven groups, an
     empty one, host and device-side counts (capacity 3 rows more), fused too; each within the
     default workspace (the LL kernel: unquantized rows in half an area)."""
-    world = _world()
+    world = gpu_world()
     qcases = []
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         n = lay.attn_dp
@@ -118,7 +118,7 @@ REPLAYS = [("gather_tokens", True, False), ("gather_tokens", False, False), ("ga
 @pytest.mark.parametrize("table", ["lamport", "quant_one_hop", "quant_local"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_graph_replays_with_new_device_counts(pool, fmt, table):
-    world = _world()
+    world = gpu_world()
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         for op, partial, fused in REPLAYS:
             n = world if op == "all_gather_v" else lay.attn_dp
@@ -229,7 +229,7 @@ def _interleaved(layout, replays: int, capacity: int, seed: int) -> dict:
 
 @pytest.mark.timeout(900)
 def test_graph_alternating_quantized_lamport_gathers_with_bf16_lamport_and_ll_ops(pool):
-    world = _world()
+    world = gpu_world()
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         replays = 30
         per_rank = pool(world, "cuda").run(_interleaved, lay, replays, 6, 9, timeout=600)

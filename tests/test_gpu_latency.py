@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 KiB = 1024
 # message bytes: 1 block, its edge, then sizes around 8 KB (several blocks), larger
 SIZES = (16, 2 * KiB, 4 * KiB, 4 * KiB + 16, 6 * KiB + 48, 8 * KiB, 8 * KiB + 16, 32 * KiB, 128 * KiB + 16)

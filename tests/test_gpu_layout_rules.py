@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout, algorithms, table_file
 from hybridcomm.check import Case
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 HIDDEN = 4096
 ROW_BYTES = HIDDEN * 2  # bf16
 

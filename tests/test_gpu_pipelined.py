@@ -19,12 +19,12 @@ import random
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from test_gpu import _skip_a_call
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 KiB, MiB = 1 << 10, 1 << 20
 
 

@@ -9,7 +9,7 @@ themselves may differ from the reference's in the last bit). Outputs are poisone
 
 import pytest
 
-from conftest import gpu_count, needs_gpus, needs_nccl
+from conftest import gpu_world, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator
 from hybridcomm.quant import FORMATS
@@ -18,17 +18,13 @@ from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 
-def _world() -> int:
-    return 4 if gpu_count() >= 4 else 2
-
-
 def _members(q: QuantCase) -> int:
     return len(q.case.layout.group_ranks("world" if q.case.op == "gather_tokens" else q.case.group, 0))
 
 
 def _run(pool, qcases, backend="auto", exact="own_norm", table="auto", algorithm=None):
     """algorithm: the nvlink algorithm every case of a group of several ranks must have run."""
-    world = _world()
+    world = gpu_world()
     per_rank = pool(world, "cuda").run(check_poisoned_quant_cases, qcases, backend, table, exact, timeout=600)
     failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
                 for q, (d, _, _) in zip(qcases, res) if d]
@@ -46,14 +42,14 @@ def _run(pool, qcases, backend="auto", exact="own_norm", table="auto", algorithm
 
 @pytest.mark.timeout(900)
 def test_every_format_and_layout_bit_equal_to_the_quantized_reference(pool):
-    qcases = [q for i, lay in enumerate(Layout.all_for_world(_world()))
+    qcases = [q for i, lay in enumerate(Layout.all_for_world(gpu_world()))
               for q in quant_cases(lay, dtypes=("bfloat16", "float32", "float16"), seed=100 + i)]
     _run(pool, qcases)
 
 
 def model_qcases(hidden: int) -> list[QuantCase]:
     """Model hidden sizes, many rows, an empty DP group; DP-only and attention TP 2."""
-    world = _world()
+    world = gpu_world()
     qcases = []
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         for fmt in FORMATS:
@@ -76,7 +72,7 @@ def test_model_hidden_sizes_and_many_rows(pool, hidden):
 @needs_nccl()
 @pytest.mark.timeout(900)
 def test_nccl_backend_within_the_format_bound(pool):
-    world = _world()
+    world = gpu_world()
     qcases = [q for lay in (Layout(world), Layout(world, attn_tp=2))
               for q in quant_cases(lay, device_sizes=(False,), seed=200)]
     _run(pool, qcases, backend="nccl", exact="bound")
@@ -101,7 +97,7 @@ def _replay_check(qcase: QuantCase, pdl: bool, *args) -> dict:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("op,partial,fused", REPLAYS)
 def test_graph_replays_with_new_device_counts(pool, fmt, op, partial, fused, pdl):
-    world = _world()
+    world = gpu_world()
     for lay in (Layout(world), Layout(world, attn_tp=2)):
         n = world if op == "all_gather_v" else lay.attn_dp
         case = Case(op, lay, (1,) * n, row_shape=(512,), dtype="bfloat16", data="randn", partial=partial,

@@ -12,13 +12,13 @@ host and device counts.
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout
 from hybridcomm.check import Case, check_poisoned_cases, failures_of
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 ROW = (4096,)  # bf16: 8 KB
 
 

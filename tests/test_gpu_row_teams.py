@@ -20,14 +20,14 @@ the norm --: the kernel instances of the most lanes a thread, which no other tes
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout, abi
 from hybridcomm.check import Case
 from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 MAX_SMS = 16
 # Largest counts: a team of 4 x 128 threads (1-3 rows), of 2 x 256 (6), full blocks (12, 40).
 ROWS = (1, 3, 6, 12, 40)

@@ -7,7 +7,7 @@ results/shared_1xH100/)."""
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout
 from hybridcomm.abi import MAX_BLOCKS
 from hybridcomm.check import Case, cases_for_layout, check_cases, close_communicators, communicator
@@ -15,7 +15,7 @@ from hybridcomm.quant.check import QuantCase, check_quant_cases
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 LAYOUTS = [Layout(WORLD), Layout(WORLD, attn_tp=2)]
 GREEN_SMS = 8  # a green context this small holds none of the default grids (up to one block per SM)
 

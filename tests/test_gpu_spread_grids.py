@@ -15,14 +15,14 @@ max published for the row's other parts).
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout
 from hybridcomm.check import Case, check_poisoned_cases, failures_of
 from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 MAX_SMS = 16
 ROW = (4096,)
 # The largest count of a call (LL lanes = 1024 x rows; Lamport units = 512 x rows): 1 Lamport

@@ -10,13 +10,13 @@ composition on CPU."""
 
 import pytest
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout, algorithms
 from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 TP_LAYOUTS = [lay for lay in Layout.all_for_world(WORLD) if lay.moe_tp == 1]  # attn_tp 1 .. WORLD
 TRANSITIONS = ("gather_tokens", "scatter_tokens")
 HIDDEN = 4096

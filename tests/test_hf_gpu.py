@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import gpu_count, needs_gpus, needs_nccl
+from conftest import gpu_world, needs_gpus, needs_nccl
 
 pytest.importorskip("transformers")
 
@@ -17,7 +17,7 @@ from hybridcomm.hf import check, configs  # noqa: E402
 from hybridcomm.hf.check import count_region_calls  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
-WORLD = 4 if gpu_count() >= 4 else 2
+WORLD = gpu_world()
 LAYOUTS = {2: [("dp2", 1, 1), ("tp2", 2, 1)],
            4: [("dp2xtp2", 2, 1), ("dp4", 1, 1), ("tp4", 4, 1), ("dp2xtp2,moe_tp2", 2, 2)]}[WORLD]
 SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}

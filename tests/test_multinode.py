@@ -6,7 +6,7 @@ the second node that skips a call; the internal node and rail groups."""
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus, needs_nccl
+from conftest import gpu_world, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, cases_for_layout, check_cases, failures_of, replay_check
 from hybridcomm.spmd import SpmdPool
@@ -150,9 +150,9 @@ def test_a_rank_of_the_second_node_that_skips_a_call_fails_every_other_rank_in_t
     assert "did not arrive within 2 s" in got[0]["message"]
 
 
-# -- on GPUs: two simulated nodes of gpu_count() / 2 GPUs (the cross-node legs really run on NCCL) --
+# -- on GPUs: two simulated nodes of gpu_world() / 2 GPUs (the cross-node legs really run on NCCL) --
 def _gpu_world() -> tuple[int, int]:
-    world = 4 if gpu_count() >= 4 else 2
+    world = gpu_world()
     return world, world // 2
 
 

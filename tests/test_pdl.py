@@ -11,15 +11,11 @@ import math
 import pytest
 import torch
 
-from conftest import gpu_count, needs_gpus
+from conftest import gpu_world, needs_gpus
 from hybridcomm.bench.pdl import COLUMNS, pdl_table
 
 DTYPE = torch.bfloat16
 HIDDEN = 4096
-
-
-def _world() -> int:
-    return 4 if gpu_count() >= 4 else 2
 
 
 # The ops fed by the GEMM: name -> (GEMM output shape, what runs on it). The chain runs two of
@@ -101,7 +97,7 @@ def gemm_then_op_replays(step: str, replays: int, seed: int) -> list[str]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("step", list(STEPS))
 def test_our_kernel_after_a_gemm_reads_what_the_gemm_wrote_over_graph_replays(pool, step):
-    per_rank = pool(_world(), "cuda").run(gemm_then_op_replays, step, 200, 3, timeout=500)
+    per_rank = pool(gpu_world(), "cuda").run(gemm_then_op_replays, step, 200, 3, timeout=500)
     failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res]
     assert not failures, "\n".join(failures[:20])
 
