@@ -84,7 +84,7 @@ def _selected_and_reference(cases):
 def _two_step_rule(op: str, layout: Layout) -> tuple[int, int]:
     """(exclusive lower, inclusive upper) message bytes where the built-in table runs two_step
     on `layout` (its rules for that layout where it has them: algorithms.py)."""
-    rules = algorithms.TABLE.get(algorithms.layout_key(op, layout.attention_name), algorithms.TABLE[op])
+    rules = algorithms.TABLE[algorithms.rules_key(algorithms.TABLE, op, layout.attention_name)]
     i = next(i for i, r in enumerate(rules) if r.algorithm == "two_step")
     return (rules[i - 1].max_bytes if i else 0), rules[i].max_bytes
 

@@ -59,6 +59,13 @@ def layout_key(op: str, layout: str) -> str:
     return f"{op}{LAYOUT_SEPARATOR}{layout}"
 
 
+def rules_key(table: dict, op: str, layout: str | None) -> str:
+    """The key `op`'s calls on `layout` read in `table`: the layout's own where the table has
+    them, else the op's (layout None: the op's)."""
+    own = None if layout is None else layout_key(op, layout)
+    return own if own in table else op
+
+
 def key_op(key: str) -> str:
     """The op a table key holds rules for ("gather_tokens@tp4" -> "gather_tokens")."""
     return key.partition(LAYOUT_SEPARATOR)[0]
@@ -297,8 +304,8 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
     a dtype, the workspace), the call passes on to the next rules, which are for larger
     messages, so they run it too (e.g. the quantized gather's LL kernel needs its unquantized
     rows in half an area, the Lamport kernel in a whole one), and to NCCL when none can."""
-    own = layout is not None and layout_key(op, layout) in table
-    rules = table[layout_key(op, layout) if own else op]
+    key = rules_key(table, op, layout)
+    rules = table[key]
     first = rules.index(rule_at(rules, message_bytes))
     blocked = []  # (algorithm, why) of the rules our kernels could not run
     for rule in rules[first:]:
@@ -311,7 +318,7 @@ def choose(op: str, message_bytes: int, nvlink_blocker: Callable[[str], str | No
     else:
         limit = "any size" if rule.max_bytes is None else f"<= {rule.max_bytes} bytes"
         passed = "".join(f"; {a} blocked: {w}" for a, w in blocked)
-        whose = f" for {layout}" if own else ""
+        whose = f" for {layout}" if key != op else ""
         choice = Choice(rule.backend, rule.algorithm, f"table rule {limit}{whose}{passed}")
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %d bytes -> %s/%s (%s)", op, message_bytes, choice.backend,

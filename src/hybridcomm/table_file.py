@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .algorithms import LAYOUT_SEPARATOR, TABLE, Rule, key_op, layout_key, with_rules
+from .algorithms import LAYOUT_SEPARATOR, TABLE, Rule, key_op, rules_key, with_rules
 from .layout import Layout
 from .ops import OPS
 
@@ -160,7 +160,7 @@ def describe_for_layout(table: dict[str, tuple[Rule, ...]], layout: str) -> str:
     the transitions' rules for that layout where the table has them (algorithms.py)."""
     lines = []
     for op, spec in OPS.items():
-        key = layout_key(op, layout) if spec.on_world and layout_key(op, layout) in table else op
+        key = rules_key(table, op, layout if spec.on_world else None)
         whose = f"  ({layout}'s own)" if key != op else ("" if spec.on_world else "  (a group of any size)")
         lines.append(f"  {op:<19} {rules_text(table[key])}{whose}")
     return "\n".join(lines)

@@ -55,7 +55,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from .algorithms import Rule, layout_key, rule_at
+from .algorithms import TABLE, Rule, layout_key, rule_at
 from .bench.report import input_elem_bytes
 from .layout import Layout
 from .ops import OPS, reduced
@@ -266,8 +266,6 @@ def same_kernel_times(op: str, by_size: dict[int, dict], rules: dict[str, tuple[
     """Where attn_tp = 1: each candidate of a transition that runs another candidate's kernel
     reads that one's time (module docstring); `rules`: those tuned so far (the reduced op's),
     else the built-in table's."""
-    from .algorithms import TABLE
-
     if "attn_tp" not in OPS[op].reduces_to:
         return
     for nbytes, groups in by_size.items():
@@ -417,7 +415,6 @@ def measure(world: int, layouts: list[Layout], sizes: list[int] | None, out: str
 
 def describe(doc: dict) -> str:
     """The table in words, each op beside the built-in table's rules where they differ."""
-    from .algorithms import TABLE
     from .table_file import parse, rules_text
 
     shape = doc["measured_on"]
