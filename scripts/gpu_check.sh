@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, in one call: build, GPU tests, benchmarks, profiles; logs and results
-# under $OUT. World = the GPUs there are: 4 with 4 or more, else 2. With one GPU the ranks share
-# it (GPU_RANKS of them, default 2; src/hybridcomm/shared_gpu.py): our kernels run, time-sliced,
-# without NCCL, so only the stages that check correctness (test, check) mean anything there.
+# under $OUT. The benchmarks' world: 4 with 4 or more GPUs, else 2; the tests and the check run
+# world 8 on 8 or more (TEST_WORLD). With one GPU the ranks share it (GPU_RANKS of them, default
+# 2, at most 8; src/hybridcomm/shared_gpu.py): our kernels run, time-sliced, without NCCL, so
+# only the stages that check correctness (test, check) mean anything there.
 #   bash scripts/gpu_check.sh [stage ...]
 #   stages: info build test check ops transitions layer layer_quant quant pdl model nodes ncu tune trace sweep
 # (default: info build test check ops transitions layer; one GPU: info build test check).
@@ -16,10 +17,11 @@ LOGS="$OUT/run"  # everything goes here; packed into $OUT/run.tgz at the end (on
 mkdir -p "$LOGS"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 GPU_NAME=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1])" 2>/dev/null || echo GPU)
-SHARE=(); TEST_SHARE=()  # with one GPU: the flags that let ranks share it
+SHARE=()  # with one GPU: the flag that lets ranks share it
 if [ "$GPUS" -ge 4 ]; then WORLD=4; elif [ "$GPUS" -ge 2 ]; then WORLD=2; else
-  WORLD=${GPU_RANKS:-2}; SHARE=(--share-gpus); TEST_SHARE=(--gpu-ranks "$WORLD")
+  WORLD=${GPU_RANKS:-2}; SHARE=(--share-gpus)
 fi
+TEST_WORLD=$WORLD; [ "$GPUS" -ge 8 ] && TEST_WORLD=8  # one of the worlds tests/conftest.py has layouts for
 if [ ${#SHARE[@]} -eq 0 ]; then
   stages=${*:-info build test check ops transitions layer}; TAG="${WORLD}x$GPU_NAME"
 else
@@ -55,8 +57,8 @@ for stage in $stages; do
     # separated: to split them over calls of 10 minutes when ranks share a GPU).
     # shellcheck disable=SC2086  (one word per test)
     test) run test timeout "${TEST_TIMEOUT:-2400}" python3 -m pytest -q -p no:cacheprovider -o faulthandler_timeout=300 \
-           -m gpu ${TEST_SHARE[@]+"${TEST_SHARE[@]}"} ${GPU_TESTS:-tests} ;;
-    check) run check python3 -m hybridcomm check --world "$WORLD" --device cuda ${SHARE[@]+"${SHARE[@]}"} ;;
+           -m gpu --gpu-ranks "$TEST_WORLD" ${GPU_TESTS:-tests} ;;
+    check) run check python3 -m hybridcomm check --world "$TEST_WORLD" --device cuda ${SHARE[@]+"${SHARE[@]}"} ;;
     ops) run ops python3 -m hybridcomm bench ops --world "$WORLD" --out "$LOGS/ops_$TAG.json" ;;
     transitions) run transitions python3 -m hybridcomm bench transitions --world "$WORLD" --layouts "$LAYOUTS" \
                    --out "$LOGS/transitions_$TAG.json" ;;

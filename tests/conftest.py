@@ -75,9 +75,22 @@ def gpu_count() -> int:
     return int(os.environ.get(GPU_RANKS_ENV, 0)) or _visible_gpus()
 
 
+GPU_WORLDS = (8, 4, 2)  # the worlds the GPU tests know layouts for, largest first
+
+
 def gpu_world() -> int:
-    """The world the GPU tests run: 4 where 4 or more GPU ranks can be spawned, else 2."""
-    return 4 if gpu_count() >= 4 else 2
+    """The world the GPU tests run: the largest of GPU_WORLDS that the GPU ranks fill (8 on an
+    8-GPU node or with --gpu-ranks 8), else 2."""
+    return next((w for w in GPU_WORLDS if gpu_count() >= w), GPU_WORLDS[-1])
+
+
+def attention_layouts(world: int) -> list:
+    """Every way attention can split `world` (experts over the whole world, moe_tp 1): the
+    DP x TP mixes first, then pure DP, then pure TP (world 4: dp2xtp2, dp4, tp4)."""
+    from hybridcomm import Layout
+
+    mixed = [Layout(world, attn_tp=t) for t in range(2, world) if world % t == 0]
+    return mixed + [Layout(world), Layout(world, attn_tp=world)]
 
 
 def sharing_gpus() -> bool:

@@ -1,5 +1,5 @@
-"""GPU tests: our kernels against the oracle on the GPUs there are: world 4 with 4 or more, world 2
-with 2 or 3 (skipped with fewer).
+"""GPU tests: our kernels against the oracle on the GPUs there are: world 8, 4 or 2
+(conftest.gpu_world; skipped with fewer than 2).
 
 Run by scripts/gpu_check.sh on the GPU machine. Sums are compared bit for bit (our kernels
 reduce in fp32 in group order, like the reference); the fused RMSNorm output within one
@@ -11,17 +11,16 @@ import time
 import pytest
 import torch
 
-from conftest import gpu_world, needs_gpus, needs_nccl
+from conftest import attention_layouts, gpu_world, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, cases_for_layout, check_poisoned_cases, failures_of, replay_check
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 WORLD = gpu_world()
-# DP2xTP2, DP4, TP4 on 4 GPUs; DP2, TP2 on 2.
-MAIN_LAYOUTS = ([Layout(4, attn_tp=2), Layout(4), Layout(4, attn_tp=4)] if WORLD == 4
-                else [Layout(2), Layout(2, attn_tp=2)])
-MIXED_LAYOUT = Layout(4, attn_tp=2, moe_tp=2) if WORLD == 4 else Layout(2, attn_tp=2, moe_tp=2)
+# DP2xTP2, DP4, TP4 on 4 GPUs; DP2, TP2 on 2; DP4xTP2, DP2xTP4, DP8, TP8 on 8.
+MAIN_LAYOUTS = attention_layouts(WORLD)
+MIXED_LAYOUT = Layout(WORLD, attn_tp=2, moe_tp=2)
 
 
 def _run(pool, cases, backend="auto", exact="sums", table="auto", worker=check_poisoned_cases):

@@ -1,5 +1,5 @@
-"""GPU tests of counts exchanged inside our gather kernels (csrc/own_count.cuh, counts.py), on 2
-or 4 GPUs (skipped with fewer).
+"""GPU tests of counts exchanged inside our gather kernels (csrc/own_count.cuh, counts.py), on 2,
+4 or 8 GPUs (conftest.gpu_world; skipped with fewer).
 
 A gather given `hc.Counts(own)` with `own` a 1-element int32 device tensor: each rank passes
 only its own (DP group's) count; the kernel exchanges the counts, writes them to `counts.sizes`,

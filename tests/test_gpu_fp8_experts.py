@@ -20,10 +20,12 @@ from test_fp8_experts import LAYOUTS_4, check_quantized_decoder, quantized_decod
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 LAYOUTS_2 = [("dp2", 1, [3, 0]), ("dp2", 2, [1, 6]), ("tp2", 1, [5])]
+# (no TP8: the tiny decoder has 4 heads)
+LAYOUTS_8 = [("dp8", 1, [3, 0, 5, 1, 2, 0, 4, 1]), ("dp4xtp2", 2, [3, 6, 0, 2]), ("dp2xtp4", 1, [4, 0])]
 
 
 def _layouts():
-    return LAYOUTS_4 if gpu_world() == 4 else LAYOUTS_2
+    return {2: LAYOUTS_2, 4: LAYOUTS_4, 8: LAYOUTS_8}[gpu_world()]
 
 
 def scaled_mm_vs_reference(rows: list[int], hidden: int, cols: int) -> list[str]:
@@ -103,7 +105,7 @@ def gathers_into_one_gemm(layout_name: str, dp_sizes: list[int], hidden: int) ->
 def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
     world = gpu_world()
     layout, sizes = {"dp": (f"dp{world}", [37, 0] + [5] * (world - 2)),
-                     "tp": (f"dp{world // 2}xtp2" if world == 4 else "tp2", [29, 0] if world == 4 else [29])}[case]
+                     "tp": (f"dp{world // 2}xtp2", [29, 0] + [3] * (world // 2 - 2)) if world > 2 else ("tp2", [29])}[case]
     per_rank = pool(world, "cuda").run(gathers_into_one_gemm, layout, sizes, 4096, timeout=240)
     for rank, r in enumerate(per_rank):
         assert r["rows"] == sum(sizes), f"rank {rank}: {r}"

@@ -1,5 +1,5 @@
 """GPU tests of the fused gather on the Lamport protocol (csrc/lamport_fused_tokens.cu, algorithm
-fused_lamport) on 2 or 4 GPUs (skipped with fewer).
+fused_lamport) on 2, 4 or 8 GPUs (conftest.gpu_world; skipped with fewer).
 
 Every layout of the world, eager, forced through the "lamport" table: fp32 / fp16 / bf16, random
 data and data carrying the reserved pattern, uneven counts with zeros, host and device-side

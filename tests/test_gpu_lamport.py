@@ -1,4 +1,5 @@
-"""GPU tests of the Lamport-protocol kernels (csrc/lamport.cuh) on 2 or 4 GPUs (skipped with fewer).
+"""GPU tests of the Lamport-protocol kernels (csrc/lamport.cuh) on 2, 4 or 8 GPUs
+(conftest.gpu_world; skipped with fewer).
 
 - every Lamport op forced through a table, eager, against the oracle: uneven counts with
   zeros, device-side counts, fp32 / fp16 / bf16, random data and data carrying the reserved

@@ -4,7 +4,7 @@ canonical zero / NaN codes, of the LL kernel with every attention-TP rank summin
 group's rows ("quant_one_hop"), and of gather_tokens' unquantized Lamport one-shot quantizing
 where rows land ("quant_local", csrc/lamport_quant_local.cu; its fused path with one DP group;
 replicated rows and fused rows of several groups run quant_one_hop there); skipped without 2
-GPUs, world 4 on 4 GPUs, else world 2.
+GPUs, else world 2, 4 or 8 (conftest.gpu_world).
 
 Data and scales bit for bit equal to the reference quantizer applied to the reference's
 unquantized result (fused: to our own unquantized fused rows, test_gpu_quant.py says why),

@@ -2,7 +2,7 @@
 on every layout of the world that has some, in the built-in table and in each packaged table
 measured on a world of this size, a transition at a message size where those rules and the op's
 own name different algorithms runs the layout's algorithm, with the reference backend's bits.
-World 4 with 4 or more GPUs (or --gpu-ranks 4), else 2; skipped with fewer, and where no table
+World 2, 4 or 8 (conftest.gpu_world; --gpu-ranks N on fewer GPUs); skipped with fewer, and where no table
 has rules for a layout of that world."""
 
 import json

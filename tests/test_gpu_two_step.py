@@ -4,8 +4,8 @@ fp32 group-order sum; host and device-side counts, partial and replicated gather
 counts with zeros, rows up to 4096 wide), one CUDA graph replayed with new device-side counts,
 the selection table reaching it at a large size (against the reference backend's bits), and
 own counts (hc.Counts of a device count: its all_gather_v step exchanges the chunk counts in
-its kernel; test_gpu_counts.py's checks, eager and in a graph with gather + scatter). World 4
-with 4 or more GPUs, else 2; skipped with fewer. tests/test_two_step.py runs the same
+its kernel; test_gpu_counts.py's checks, eager and in a graph with gather + scatter). World 2, 4
+or 8 (conftest.gpu_world); skipped with fewer than 2. tests/test_two_step.py runs the same
 composition on CPU."""
 
 import pytest

@@ -3,7 +3,7 @@ kernel that writes its input must still read that kernel's output (its griddepco
 comes before any memory access), in CUDA graphs replayed with fresh inputs; and the
 `bench pdl` report.
 
-GPU tests: world 4 with 4+ GPUs, else 2; skipped with fewer than 2.
+GPU tests: world 2, 4 or 8 (conftest.gpu_world); skipped with fewer than 2.
 """
 
 import math
