@@ -69,8 +69,9 @@ def _group_op_case(case: str) -> dict:
         x = torch.randn(sizes[rank], 64, device="cuda")
         return _outcome(comm, lambda: comm.all_gather_v(x, sizes))
     if case == "dtype":  # the same bytes: 256 fp32 or 512 bf16 values per row
-        x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16) if bad else torch.randn(4, 256, device="cuda")
-        return _outcome(comm, lambda: comm.reduce_scatter_v(x, [4 // WORLD] * WORLD))
+        x = (torch.randn(WORLD, 512, device="cuda", dtype=torch.bfloat16) if bad
+             else torch.randn(WORLD, 256, device="cuda"))
+        return _outcome(comm, lambda: comm.reduce_scatter_v(x, [1] * WORLD))  # a row per rank
     if case == "dtype_all_reduce":
         x = torch.randn(512, device="cuda", dtype=torch.bfloat16) if bad else torch.randn(256, device="cuda")
         return _outcome(comm, lambda: comm.all_reduce(x))
