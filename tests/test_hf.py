@@ -23,10 +23,12 @@ SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: unev
 
 
 def _decode_against_reference(name: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
-                              experts: str | None = None, compiled: bool = False) -> dict:
+                              experts: str | None = None, compiled: bool = False, config_changes=()) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
     config = configs.make(name)
+    for attribute, value in config_changes:
+        setattr(config, attribute, value)
     model = hf.from_config(config, comm, seed=7)
     if experts is not None:
         model.model.set_experts_implementation(experts)
@@ -67,6 +69,34 @@ def test_batched_mm_experts(pool):
     for r in pool(4).run(_decode_against_reference, "deepseek_v3-featured", 2, 2, True, "batched_mm",
                          timeout=300):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+def _one_expert_per_rank(experts: str | None) -> dict:
+    """_decode_against_reference with 4 experts over moe_ep 4, counting the torch.histc calls
+    whose range is min = max (histc then reads the data's range: a host sync on CUDA, which
+    fails inside graph capture)."""
+    histc, degenerate = torch.histc, []
+
+    def watched(x, bins=100, min=0, max=0, **kw):
+        if min == max:
+            degenerate.append((bins, min, max))
+        return histc(x, bins=bins, min=min, max=max, **kw)
+
+    torch.histc = watched
+    try:
+        result = _decode_against_reference("mixtral-tiny", 1, 1, True, experts, False, [("num_local_experts", 4)])
+    finally:
+        torch.histc = histc
+    return {**result, "degenerate_histc": len(degenerate)}
+
+
+@pytest.mark.parametrize("experts", [None, "grouped_mm", "batched_mm"])
+def test_one_expert_per_rank(pool, experts):
+    """Each rank's experts module holds one expert, and a second group that no route names
+    (hf/build.py, _second_expert_group), under each implementation."""
+    for r in pool(4).run(_one_expert_per_rank, experts, timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+        assert r["degenerate_histc"] == 0, r
 
 
 @pytest.mark.parametrize("device_counts", [False, True], ids=["host_counts", "device_counts"])

@@ -185,3 +185,21 @@ def _fix_attributes(model, family: Family, plan: RankPlan, config) -> None:
             experts.num_experts = len(plan.experts)
             experts.intermediate_dim = len(plan.expert_slice)
             experts._is_expert_parallel = True  # indices == num_experts are skipped (non-local)
+            if experts.num_experts == 1:
+                _second_expert_group(experts)
+
+
+def _second_expert_group(experts: nn.Module) -> None:
+    """Two expert groups where `experts` holds one (8 experts over moe_ep 8): each (1, ...)
+    parameter becomes a stride-0 view of two (no memory). No route names the second:
+    ParallelCausalLM._ffn sends the routes this rank does not own to index num_experts (now 2),
+    which the implementations skip.
+
+    Why: grouped_mm sizes its groups with torch.histc(bins=num_experts, min=0, max=num_experts - 1);
+    with one expert that is min = max = 0, which histc reads as "use the data's range": a host sync,
+    which fails inside CUDA-graph capture (found on 8 ranks), and a count that takes in the routes
+    skipped."""
+    for name, p in list(experts.named_parameters(recurse=False)):
+        if p.shape[0] == 1:
+            setattr(experts, name, nn.Parameter(p.data.expand(2, *p.shape[1:]), requires_grad=False))
+    experts.num_experts = 2

@@ -52,7 +52,7 @@ class ParallelCausalLM:
         self.config = model.config
         self.layers = list(layers(model))
         self.moe = [is_moe_layer(model, family, i) for i in range(len(self.layers))]
-        self.first_expert = plan.experts.start
+        self.first_expert, self.own_experts = plan.experts.start, len(plan.experts)
         self.compiled = None  # (attention region, MoE region) once compile() is called
 
     def compile(self, **options) -> "ParallelCausalLM":
@@ -144,7 +144,7 @@ class ParallelCausalLM:
         _, weights, experts = getattr(mlp, f.router)(x)
         module = getattr(mlp, f.experts)
         local = experts - self.first_expert
-        own = (local >= 0) & (local < module.num_experts)
+        own = (local >= 0) & (local < self.own_experts)  # (module.num_experts may be more: build.py)
         if valid is not None:
             own &= valid[:, None]
         local = torch.where(own, local, module.num_experts)
