@@ -30,7 +30,7 @@ def _run(pool, cases, table):
 
 def _large(lay: Layout, seed: int) -> list[Case]:
     """Rows of 8 KB, uneven (a zero where there are several DP groups): the steps' Lamport sizes."""
-    counts = (300, 0, 129, 17)[: lay.attn_dp] if lay.attn_dp > 1 else (300,)
+    counts = tuple((300, 0, 129, 17)[d % 4] for d in range(lay.attn_dp)) if lay.attn_dp > 1 else (300,)
     return [Case(op, lay, counts, row_shape=(HIDDEN,), dtype="bfloat16", data="randn", partial=partial,
                  device_sizes=dev, seed=seed + i)
             for i, (op, partial, dev) in enumerate([("gather_tokens", True, False), ("gather_tokens", False, False),
