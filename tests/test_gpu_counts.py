@@ -306,7 +306,9 @@ def _bad_counts(layout, table: str, kind: str, quant: str | None = None, partial
         norm = dict(residual=fill(torch.empty((CAPACITY, 64), dtype=torch.bfloat16, device=device), r), norm_weight=w)
     mine = sizes[c.attn_dp_rank]
     if c.attn_dp_rank == 0:
-        mine = CAPACITY + 1 if kind == "capacity" else mine + c.attn_tp_rank
+        # "differ": within the capacity on every rank (tp8's rank 5 would pass 7 > 6 with + attn_tp_rank,
+        # and rightly raise CapacityExceeded instead)
+        mine = CAPACITY + 1 if kind == "capacity" else mine + c.attn_tp_rank % 2
     comm.gather_tokens(x, hc.Counts(torch.tensor([mine], dtype=torch.int32, device=device)), partial, quant=quant,
                        **norm)
     try:
