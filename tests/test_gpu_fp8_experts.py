@@ -104,8 +104,8 @@ def gathers_into_one_gemm(layout_name: str, dp_sizes: list[int], hidden: int) ->
 @pytest.mark.parametrize("case", ["dp", "tp"])
 def test_same_gathered_bytes_give_the_same_gemm_bits(pool, case):
     world = gpu_world()
-    layout, sizes = {"dp": (f"dp{world}", [37, 0] + [5] * (world - 2)),
-                     "tp": (f"dp{world // 2}xtp2", [29, 0] + [3] * (world // 2 - 2)) if world > 2 else ("tp2", [29])}[case]
+    tp = (f"dp{world // 2}xtp2", [29, 0] + [3] * (world // 2 - 2)) if world > 2 else ("tp2", [29])
+    layout, sizes = {"dp": (f"dp{world}", [37, 0] + [5] * (world - 2)), "tp": tp}[case]
     per_rank = pool(world, "cuda").run(gathers_into_one_gemm, layout, sizes, 4096, timeout=240)
     for rank, r in enumerate(per_rank):
         assert r["rows"] == sum(sizes), f"rank {rank}: {r}"

@@ -26,9 +26,7 @@ def _decode_against_reference(name: str, attn_tp: int, moe_tp: int, device_count
                               experts: str | None = None, compiled: bool = False, config_changes=()) -> dict:
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout)
-    config = configs.make(name)
-    for attribute, value in config_changes:
-        setattr(config, attribute, value)
+    config = configs.make(name, **dict(config_changes))
     model = hf.from_config(config, comm, seed=7)
     if experts is not None:
         model.model.set_experts_implementation(experts)

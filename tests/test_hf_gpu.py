@@ -33,9 +33,7 @@ def _graph_decode(name: str, attn_tp: int, moe_tp: int, backend: str, dtype_name
     layout = hc.Layout(dist.get_world_size(), attn_tp=attn_tp, moe_tp=moe_tp)
     comm = hc.Communicator(layout, backend=backend)
     dtype = getattr(torch, dtype_name)
-    config = configs.make(name)
-    for attribute, value in config_changes:
-        setattr(config, attribute, value)
+    config = configs.make(name, **dict(config_changes))
     model = hf.from_config(config, comm, seed=11, dtype=dtype)
     region_calls = count_region_calls(model.compile()) if compiled else []
     counts = counts or SEQUENCES[layout.attn_dp]

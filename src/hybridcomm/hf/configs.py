@@ -55,13 +55,15 @@ CONFIGS = {
 }
 
 
-def make(name: str, layers: int | None = None):
+def make(name: str, layers: int | None = None, **changes):
+    """The named config, with `layers` hidden layers and the config arguments `changes` replaced
+    where given (make("mixtral-tiny", num_local_experts=4))."""
     import transformers
 
     if name not in CONFIGS:
         raise ValueError(f"config: unknown name {name!r}; known: {sorted(CONFIGS)}")
     class_name, kwargs = CONFIGS[name]
-    kwargs = dict(kwargs)
+    kwargs = {**kwargs, **changes}
     if layers is not None:
         kwargs["num_hidden_layers"] = layers
     return getattr(transformers, class_name)(**kwargs)
