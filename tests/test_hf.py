@@ -19,7 +19,7 @@ FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3"]
 CONFIGS = [f"{f}-tiny" for f in FAMILIES] + ["deepseek_v3-featured"]
 # (name, attn_tp, moe_tp): every kind of world-4 layout
 LAYOUTS = [("dp4", 1, 1), ("dp2xtp2", 2, 1), ("tp4", 4, 1), ("dp4,moe_tp2", 1, 2), ("dp2xtp2,moe_tp2", 2, 2)]
-SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1]}  # sequences per DP group: uneven, one group empty
+SEQUENCES = {1: [3], 2: [3, 1], 4: [2, 0, 3, 1], 8: [2, 0, 3, 1, 1, 0, 2, 1]}  # per DP group: uneven, empty ones
 
 
 def _decode_against_reference(name: str, attn_tp: int, moe_tp: int, device_counts: bool = False,
@@ -66,6 +66,14 @@ def test_batched_mm_experts(pool):
     rank does not own."""
     for r in pool(4).run(_decode_against_reference, "deepseek_v3-featured", 2, 2, True, "batched_mm",
                          timeout=300):
+        assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
+
+
+@pytest.mark.parametrize("name, attn_tp", [("mixtral-tiny", 1), ("deepseek_v3-featured", 2)])
+def test_eight_ranks(pool, name, attn_tp):
+    """World 8, the common node: DP8 (Mixtral's 8 experts, one a rank) and DP4xTP2 (the featured
+    DeepSeek-V3: group-limited routing over 32 experts, 4 a rank)."""
+    for r in pool(8).run(_decode_against_reference, name, attn_tp, 1, True, timeout=600):
         assert r["max_rel_error"] < 1e-5 and r["top1_agreement"] == 1.0, r
 
 
