@@ -16,10 +16,10 @@ reference backend.
 
 Memory: here a closed Communicator does not give its workspace back. Measured with 8 ranks on
 one H100 (2026-11-24): after close, gc, a barrier and torch.cuda.ipc_collect(), with no
-IpcBuffers left alive, every rank's allocated memory stayed where it was; torch's CUDA IPC
-frees a block it shared only once its consumers' releases have reached it, and they had not.
-Not investigated further; tests that make many communicators start fresh workers instead
-(tests/conftest.py, release_shared_gpu_workers).
+IpcBuffers left alive, every rank's allocated memory stayed where it was. A guess, not
+checked: torch's CUDA IPC keeps a block it shared until its consumers' releases reach it, and
+they had not. Tests that make many communicators start fresh workers instead (tests/conftest.py,
+release_shared_gpu_workers).
 """
 
 from __future__ import annotations
