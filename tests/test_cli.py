@@ -32,6 +32,18 @@ def test_check_passes_for_world_2_in_its_own_processes():
                          capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASS" in run.stdout and "dp2" in run.stdout and "tp2" in run.stdout
+    assert "PASS: 264 cases + 40 quantized x 2 ranks" in run.stdout  # fp8 gathers of every layout (--quick)
+
+
+def test_check_reports_a_quantized_gather_that_failed_on_one_rank(capsys):
+    from hybridcomm.cli import _report_check, check_world_quant
+
+    qcases = check_world_quant(2, quick=True)[:2]
+    per_rank_quant = [[("", "bits"), ("", "bits")], [("", "bits"), ("data: 3 bytes differ", "other bits")]]
+    assert _report_check([], [[], []], qcases, per_rank_quant) == 1
+    out = capsys.readouterr().out
+    assert "quantized    1 passed, 1 failed" in out and "FAIL rank 1: " in out and "data: 3 bytes differ" in out
+    assert "hold different bits" in out
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,8 @@ from conftest import gpu_world, needs_gpus, needs_nccl
 from hybridcomm import Layout
 from hybridcomm.check import Case, communicator
 from hybridcomm.quant import FORMATS
-from hybridcomm.quant.check import QuantCase, check_poisoned_quant_cases, quant_cases, quant_replay_check
+from hybridcomm.quant.check import (QuantCase, check_poisoned_quant_cases, quant_cases, quant_failures,
+                                    quant_replay_check)
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -24,19 +25,11 @@ def _members(q: QuantCase) -> int:
 
 def _run(pool, qcases, backend="auto", exact="own_norm", table="auto", algorithm=None):
     """algorithm: the nvlink algorithm every case of a group of several ranks must have run."""
-    world = gpu_world()
-    per_rank = pool(world, "cuda").run(check_poisoned_quant_cases, qcases, backend, table, exact, timeout=600)
-    failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
-                for q, (d, _, _) in zip(qcases, res) if d]
+    per_rank = pool(gpu_world(), "cuda").run(check_poisoned_quant_cases, qcases, backend, table, exact, timeout=600)
+    failures = quant_failures(qcases, per_rank)
     if algorithm is not None:
         failures += [f"rank {r}: {q.describe()}: ran {a}" for r, res in enumerate(per_rank)
                      for q, (_, _, a) in zip(qcases, res) if a != f"nvlink/{algorithm}" and _members(q) > 1]
-    for i, q in enumerate(qcases):
-        lay = q.case.layout
-        group = "world" if q.case.op == "gather_tokens" else q.case.group
-        for members in {lay.group_ranks(group, r) for r in range(world)}:
-            if len({per_rank[r][i][1] for r in members}) > 1:
-                failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
 
 

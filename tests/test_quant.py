@@ -9,22 +9,13 @@ import torch
 
 from hybridcomm import Layout
 from hybridcomm.quant import FORMATS, QuantizedRows, quantize, swizzle_128x4
-from hybridcomm.quant.check import HIDDEN, check_quant_cases, compare_quantized, quant_cases
+from hybridcomm.quant.check import HIDDEN, check_quant_cases, compare_quantized, quant_cases, quant_failures
 from hybridcomm.quant.reference import e2m1_codes, to_e4m3
 from hybridcomm.quant.swizzle import swizzled_offset
 
 
 def run_quant_checked(pool, world, qcases, exact="all"):
-    per_rank = pool(world).run(check_quant_cases, qcases, "auto", "auto", exact, timeout=280)
-    failures = [f"rank {r}: {q.describe()}: {d}" for r, res in enumerate(per_rank)
-                for q, (d, _) in zip(qcases, res) if d]
-    # a gather's result is the same bits on every rank of the group
-    for i, q in enumerate(qcases):
-        lay = q.case.layout
-        group = "world" if q.case.op == "gather_tokens" else q.case.group
-        for members in {lay.group_ranks(group, r) for r in range(lay.world_size)}:
-            if len({per_rank[r][i][1] for r in members}) > 1:
-                failures.append(f"{q.describe()}: ranks {list(members)} hold different bits")
+    failures = quant_failures(qcases, pool(world).run(check_quant_cases, qcases, "auto", "auto", exact, timeout=280))
     assert not failures, "\n".join(failures[:20])
 
 

@@ -109,37 +109,62 @@ def check_world(world: int, quick: bool, ranks_per_node: int | None = None) -> l
     return cases
 
 
-def _exactness(device: str, backend: str, ranks_per_node: int | None = None) -> str:
+def check_world_quant(world: int, quick: bool, ranks_per_node: int | None = None) -> list:
+    """The quantized gathers of every layout: each format (fp8 alone with --quick) x op variant
+    (quant.check.quant_cases), uneven counts with a zero, host and device-side counts."""
+    from .quant import FORMATS
+    from .quant.check import quant_cases
+
+    formats = ("fp8",) if quick else tuple(FORMATS)
+    return [q for i, single in enumerate(Layout.all_for_world(world))
+            for q in quant_cases(Layout(world, single.attn_tp, single.moe_tp, ranks_per_node), formats=formats,
+                                 seed=200 + i)]
+
+
+def _exactness(device: str, backend: str, ranks_per_node: int | None = None) -> tuple[str, str]:
+    """How results must match the oracle: (check.run_case's, quant.check.run_quant_case's)."""
     if device == "cpu" or backend == "reference":
-        return "all"
+        return "all", "all"
     # Across nodes on GPUs a leg inside a node may run on NCCL (where the table or the workspace
     # says so), which sums in its own order; with one rank per node those legs only copy.
     in_node_nccl = ranks_per_node is not None and ranks_per_node > 1
-    return "none" if backend == "nccl" or in_node_nccl else "sums"
+    return ("none", "bound") if backend == "nccl" or in_node_nccl else ("sums", "own_norm")
 
 
-def _report_check(cases, per_rank) -> int:
-    from .check import cross_rank_mismatches
+def check_worker(cases, qcases, backend: str, exactness: tuple[str, str], table: str) -> tuple[list, list]:
+    """Worker entry of `check`: (check.check_cases' outcomes, quant.check.check_quant_cases')."""
+    from .check import check_cases
+    from .quant.check import check_quant_cases
 
-    failures = [f"rank {o.rank}: {o.case}: {o.detail}" for outs in per_rank for o in outs if not o.ok]
-    failures += cross_rank_mismatches(cases, per_rank)
-    by_layout: dict[str, list[int]] = {}
+    exact, quant_exact = exactness
+    return (check_cases(cases, backend, exact, False, table),
+            check_quant_cases(qcases, backend, table, quant_exact))
+
+
+def _report_check(cases, per_rank, qcases, per_rank_quant) -> int:
+    """Per layout, the cases that passed on every rank (quantized ones counted apart), then every
+    failure; 0 if none."""
+    from .check import failures_of
+    from .quant.check import quant_failures
+
+    failures = failures_of(cases, per_rank) + quant_failures(qcases, per_rank_quant)
+    by_layout: dict[str, list[int]] = {}  # layout -> [passed, failed, quantized passed, quantized failed]
     for i, case in enumerate(cases):
-        ok = all(per_rank[r][i].ok for r in range(len(per_rank)))
-        stats = by_layout.setdefault(case.layout.name, [0, 0])
-        stats[0 if ok else 1] += 1
-    for name, (ok, bad) in by_layout.items():
-        print(f"{name:<22} {ok:>5} cases passed, {bad} failed")
+        ok = all(outs[i].ok for outs in per_rank)
+        by_layout.setdefault(case.layout.name, [0, 0, 0, 0])[0 if ok else 1] += 1
+    for i, q in enumerate(qcases):
+        ok = not any(results[i][0] for results in per_rank_quant)
+        by_layout.setdefault(q.case.layout.name, [0, 0, 0, 0])[2 if ok else 3] += 1
+    for name, (ok, bad, qok, qbad) in by_layout.items():
+        print(f"{name:<22} {ok:>5} cases passed, {bad} failed; quantized {qok:>4} passed, {qbad} failed")
     for f in failures[:50]:
         print("FAIL", f)
-    print(f"{'PASS' if not failures else 'FAIL'}: {len(cases)} cases x {len(per_rank)} ranks, "
-          f"{len(failures)} failure(s)")
+    print(f"{'PASS' if not failures else 'FAIL'}: {len(cases)} cases + {len(qcases)} quantized x {len(per_rank)} "
+          f"ranks, {len(failures)} failure(s)")
     return 0 if not failures else 1
 
 
 def cmd_check(args) -> int:
-    from .check import check_cases
-
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
         import torch.distributed as dist
 
@@ -149,11 +174,12 @@ def cmd_check(args) -> int:
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
         world = dist.get_world_size()
         cases = check_world(world, args.quick, args.ranks_per_node)
-        outcomes = check_cases(cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
-                               False, args.table)
+        qcases = check_world_quant(world, args.quick, args.ranks_per_node)
+        mine = check_worker(cases, qcases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
+                            args.table)
         gathered = [None] * world
-        dist.all_gather_object(gathered, outcomes)
-        code = _report_check(cases, gathered) if dist.get_rank() == 0 else 0
+        dist.all_gather_object(gathered, mine)
+        code = _report_gathered(cases, qcases, gathered) if dist.get_rank() == 0 else 0
         dist.destroy_process_group()
         return code
     from .spmd import SpmdPool
@@ -161,12 +187,17 @@ def cmd_check(args) -> int:
     device = ca.check_device(args.device or _default_device(), args.world, args.share_gpus)
     ca.check_backend(args.backend, device)
     cases = check_world(args.world, args.quick, args.ranks_per_node)
-    _progress(f"[check] {len(cases)} cases over {len(Layout.all_for_world(args.world))} layouts of world "
-              f"{args.world} on {device}, backend {args.backend} ...")
+    qcases = check_world_quant(args.world, args.quick, args.ranks_per_node)
+    _progress(f"[check] {len(cases)} cases and {len(qcases)} quantized over {len(Layout.all_for_world(args.world))} "
+              f"layouts of world {args.world} on {device}, backend {args.backend} ...")
     with SpmdPool(args.world, device, share_gpus=args.share_gpus) as pool:
-        per_rank = pool.run(check_cases, cases, args.backend, _exactness(device, args.backend, args.ranks_per_node),
-                            False, args.table, timeout=1800)
-    return _report_check(cases, per_rank)
+        per_rank = pool.run(check_worker, cases, qcases, args.backend,
+                            _exactness(device, args.backend, args.ranks_per_node), args.table, timeout=1800)
+    return _report_gathered(cases, qcases, per_rank)
+
+
+def _report_gathered(cases, qcases, per_rank: list[tuple[list, list]]) -> int:
+    return _report_check(cases, [plain for plain, _ in per_rank], qcases, [quant for _, quant in per_rank])
 
 
 # -- build -------------------------------------------------------------------------------------
@@ -438,12 +469,13 @@ def parser() -> argparse.ArgumentParser:
                            "file; default: what a Communicator takes here)")
     info.set_defaults(fn=cmd_info)
 
-    check = sub.add_parser("check", help="every op over every layout of a world against the oracle")
+    check = sub.add_parser("check", help="every op, the quantized gathers included, over every layout of a world "
+                                         "against the oracle")
     check.add_argument("--world", type=ca.positive_int, default=4, help="ranks to spawn (default 4)")
     check.add_argument("--device", choices=["cpu", "cuda"], default=None, help=device_help)
     check.add_argument("--backend", choices=list(ca.BENCH_BACKENDS), default="auto",
                        help="force a backend (nccl and nvlink need --device cuda); default auto")
-    check.add_argument("--quick", action="store_true", help="integer data only")
+    check.add_argument("--quick", action="store_true", help="integer data only; fp8 alone for the quantized gathers")
     check.add_argument("--share-gpus", action="store_true",
                        help="with fewer GPUs than --world: ranks take turns on them (our kernels run, "
                             "time-sliced; no NCCL: its calls go to the reference backend)")

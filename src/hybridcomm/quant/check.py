@@ -170,6 +170,21 @@ def check_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str
     return results
 
 
+def quant_failures(qcases: list[QuantCase], per_rank: list[list[tuple]]) -> list[str]:
+    """Everything wrong in the ranks' results of check_quant_cases (or the poisoned variant), a
+    line each: every case that failed on some rank, then every case whose group members do not
+    hold the same bits (a gather's result is one value on every member of its group)."""
+    failed = [f"rank {r}: {q.describe()}: {res[0]}" for r, results in enumerate(per_rank)
+              for q, res in zip(qcases, results) if res[0]]
+    for i, q in enumerate(qcases):
+        lay = q.case.layout
+        group = "world" if q.case.op == "gather_tokens" else q.case.group
+        for members in {lay.group_ranks(group, r) for r in range(lay.world_size)}:
+            if len({per_rank[r][i][1] for r in members}) > 1:
+                failed.append(f"{q.describe()}: ranks {list(members)} hold different bits")
+    return failed
+
+
 def check_poisoned_quant_cases(qcases: list[QuantCase], backend: str = "auto", table: str = "auto",
                                exact: str = "all", max_sms: int | None = None) -> list[tuple[str, str, str]]:
     """Worker entry (CUDA): check_quant_cases under poisoned_outputs; per case (what is wrong or
