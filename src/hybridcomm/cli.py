@@ -96,12 +96,16 @@ def _kernel_library() -> str:
 
 
 # -- check -------------------------------------------------------------------------------------
+def _check_layouts(world: int, ranks_per_node: int | None) -> list[Layout]:
+    """Every layout of the world, on nodes of `ranks_per_node` ranks where given."""
+    return [Layout(world, single.attn_tp, single.moe_tp, ranks_per_node) for single in Layout.all_for_world(world)]
+
+
 def check_world(world: int, quick: bool, ranks_per_node: int | None = None) -> list:
     from .check import cases_for_layout
 
     cases = []
-    for i, single in enumerate(Layout.all_for_world(world)):
-        layout = Layout(world, single.attn_tp, single.moe_tp, ranks_per_node)
+    for i, layout in enumerate(_check_layouts(world, ranks_per_node)):
         cases += cases_for_layout(layout, dtypes=("float32", "bfloat16"), device_sizes=(False, True), seed=i)
         if not quick:
             cases += cases_for_layout(layout, dtypes=("bfloat16", "float16"), data="randn", row_shape=(64,),
@@ -116,9 +120,8 @@ def check_world_quant(world: int, quick: bool, ranks_per_node: int | None = None
     from .quant.check import quant_cases
 
     formats = ("fp8",) if quick else tuple(FORMATS)
-    return [q for i, single in enumerate(Layout.all_for_world(world))
-            for q in quant_cases(Layout(world, single.attn_tp, single.moe_tp, ranks_per_node), formats=formats,
-                                 seed=200 + i)]
+    return [q for i, layout in enumerate(_check_layouts(world, ranks_per_node))
+            for q in quant_cases(layout, formats=formats, seed=200 + i)]
 
 
 def _exactness(device: str, backend: str, ranks_per_node: int | None = None) -> tuple[str, str]:
