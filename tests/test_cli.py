@@ -27,12 +27,13 @@ def test_info_shows_the_rules_each_op_runs_by_on_the_layout(capsys):
 
 
 @pytest.mark.timeout(300)
-def test_check_passes_for_world_2_in_its_own_processes():
-    run = subprocess.run([sys.executable, "-m", "hybridcomm", "check", "--world", "2", "--quick", "--device", "cpu"],
-                         capture_output=True, text=True, timeout=280)
+@pytest.mark.parametrize("world, totals", [(2, "264 cases + 40 quantized"), (8, "1056 cases + 160 quantized")])
+def test_check_passes_in_its_own_processes(world, totals):
+    run = subprocess.run([sys.executable, "-m", "hybridcomm", "check", "--world", str(world), "--quick", "--device",
+                          "cpu"], capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS" in run.stdout and "dp2" in run.stdout and "tp2" in run.stdout
-    assert "PASS: 264 cases + 40 quantized x 2 ranks" in run.stdout  # fp8 gathers of every layout (--quick)
+    assert f"dp{world} " in run.stdout and f"tp{world} " in run.stdout
+    assert f"PASS: {totals} x {world} ranks" in run.stdout  # fp8 gathers of every layout (--quick)
 
 
 def test_check_reports_a_quantized_gather_that_failed_on_one_rank(capsys):
