@@ -12,6 +12,7 @@ import pytest
 from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout, algorithms, table_file
 from hybridcomm.check import Case
+from test_gpu_two_step import _selected_and_reference
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -54,20 +55,6 @@ CASES = [(name, op, lay, nbytes, algorithm)
          for nbytes, algorithm in _where_they_differ(table, op, lay)]
 
 
-def _selected_and_reference(table: str, cases):
-    """Worker: each case on `table` (its choice) and on the reference backend."""
-    from hybridcomm.check import call_op, communicator, digest
-
-    out = []
-    for case in cases:
-        comm = communicator(case.layout, table=table)
-        got = call_op(comm, case, comm.device)
-        choice = comm.last_choice
-        want = call_op(communicator(case.layout, "reference"), case, comm.device)
-        out.append(((choice.backend, choice.algorithm), digest(got), digest(want)))
-    return out
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.skipif(not CASES, reason=f"no table has rules for one layout of world {WORLD}")
 @pytest.mark.parametrize("table", sorted({case[0] for case in CASES}))
@@ -76,7 +63,7 @@ def test_a_layout_s_own_rules_choose_its_kernel_with_the_reference_s_bits(pool, 
     cases = [Case(op, lay, (nbytes // ROW_BYTES // lay.attn_dp,) * lay.attn_dp, row_shape=(HIDDEN,),
                   dtype="bfloat16", data="randn", seed=i)
              for i, (_, op, lay, nbytes, _) in enumerate(mine)]
-    per_rank = pool(WORLD, "cuda").run(_selected_and_reference, table, cases, timeout=300)
+    per_rank = pool(WORLD, "cuda").run(_selected_and_reference, cases, table, timeout=300)
     for rank, outcomes in enumerate(per_rank):
         for case, (_, _, _, nbytes, algorithm), (choice, got, want) in zip(cases, mine, outcomes):
             what = f"rank {rank}, table {table}: {case.describe()} ({nbytes} bytes)"

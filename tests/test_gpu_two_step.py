@@ -67,13 +67,13 @@ def test_one_graph_replayed_with_new_device_side_counts(pool, layout):
                 assert len({per_rank[r]["digests"][it] for r in members}) == 1, f"{what}: replay {it}"
 
 
-def _selected_and_reference(cases):
-    """Worker: each case on the default table (its choice) and on the reference backend."""
+def _selected_and_reference(cases, table: str = "auto"):
+    """Worker: each case on `table` (its choice) and on the reference backend."""
     from hybridcomm.check import call_op, communicator, digest
 
     out = []
     for case in cases:
-        comm = communicator(case.layout)
+        comm = communicator(case.layout, table=table)
         got = call_op(comm, case, comm.device)
         choice = comm.last_choice
         want = call_op(communicator(case.layout, "reference"), case, comm.device)
