@@ -14,12 +14,13 @@ wait. Process groups are gloo there (NCCL refuses two ranks on one GPU), so the 
 has no NCCL backend (communicator.py): what the table would send to NCCL runs on the
 reference backend.
 
-Memory: here a closed Communicator does not give its workspace back. Measured with 8 ranks on
-one H100 (2026-11-24): after close, gc, a barrier and torch.cuda.ipc_collect(), with no
-IpcBuffers left alive, every rank's allocated memory stayed where it was. A guess, not
-checked: torch's CUDA IPC keeps a block it shared until its consumers' releases reach it, and
-they had not. Tests that make many communicators start fresh workers instead (tests/conftest.py,
-release_shared_gpu_workers).
+Memory: torch counts the consumers of a shared CUDA block with one counter per share: it
+starts at 1, each consumer takes 1 off when it drops its mapping, and the producer frees the
+block once the counter is back to 0 (torch.cuda.ipc_collect(), or by itself on its next free or
+out-of-memory retry). The counter is read unsigned, so one share opened by 7 peers ends at -6
+and the block is never freed. Before each peer got its own share, a closed Communicator kept its
+workspace when 3 or more ranks shared a GPU (0.4 GiB per rank and communicator on world 8).
+IpcBuffers therefore makes one share per peer.
 """
 
 from __future__ import annotations
@@ -40,18 +41,22 @@ class IpcBuffers:
     Collective over `group`. Holds the peers' mappings until dropped."""
 
     def __init__(self, nbytes: int, device: torch.device, group):
-        from torch.multiprocessing.reductions import reduce_tensor
-
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        _, args = reduce_tensor(self.buffer)
-        everyone: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, args, group=group)
-        me = dist.get_rank(group)
-        self.peers = [self.buffer if i == me else _open(a) for i, a in enumerate(everyone)]
+        size, me = dist.get_world_size(group), dist.get_rank(group)
+        everyone: list = [None] * size  # everyone[i][j]: member i's share made for member j
+        dist.all_gather_object(everyone, shares_for_peers(self.buffer, size, me), group=group)
+        self.peers = [self.buffer if i == me else _open(everyone[i][me]) for i in range(size)]
 
     @property
     def buffer_ptrs(self) -> list[int]:
         return [t.data_ptr() for t in self.peers]
+
+
+def shares_for_peers(buffer: torch.Tensor, size: int, me: int) -> list:
+    """The IPC handles of `buffer` for each other member, one share each: a share's counter
+    goes back to 0 only if exactly one consumer opens it (module docstring)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+    return [None if i == me else reduce_tensor(buffer)[1] for i in range(size)]
 
 
 def _open(args) -> torch.Tensor:
