@@ -55,23 +55,6 @@ def pool():
         p.close()
 
 
-def release_shared_gpu_workers() -> None:
-    """With ranks sharing a GPU: end the GPU workers, so that the next pool call starts fresh ones.
-    There a workspace stays allocated after its Communicator is closed (shared_gpu.py), and the
-    communicators the workers keep (up to 0.5 GiB per rank each on world 8) add up on the one
-    GPU: 8 ranks ran out of an H100's 80 GB after test_gpu_quant.py. No-op otherwise."""
-    if sharing_gpus():
-        for key in [k for k in _pools if k[1] == "cuda"]:
-            _pools.pop(key).close()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def fresh_shared_gpu_workers():
-    """Each test module starts with fresh GPU workers where ranks share a GPU."""
-    yield
-    release_shared_gpu_workers()
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()

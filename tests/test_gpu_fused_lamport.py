@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from conftest import needs_gpus, release_shared_gpu_workers
+from conftest import needs_gpus
 from test_gpu import WORLD
 from hybridcomm import Layout
 from hybridcomm.abi import MAX_QUANT_HIDDEN
@@ -108,21 +108,8 @@ def _run(cases: list[Case]) -> list[tuple[str, str]]:
     return results
 
 
-def by_layouts(cases: list[Case], layouts_per_part: int) -> list[list[Case]]:
-    """The cases in parts of `layouts_per_part` layouts each, in order."""
-    layouts = list(dict.fromkeys(case.layout for case in cases))
-    parts = [layouts[i: i + layouts_per_part] for i in range(0, len(layouts), layouts_per_part)]
-    return [[case for case in cases if case.layout in part] for part in parts]
-
-
 @pytest.mark.timeout(900)
 def test_fused_lamport_matches_the_oracle_and_the_ll_kernel_bit_for_bit(pool):
-    # Two communicators per layout (16 layouts on world 8): in parts, with fresh workers for each
-    # where ranks share a GPU (release_shared_gpu_workers says why).
-    per_rank = [[] for _ in range(WORLD)]
-    for part in by_layouts(fused_cases(seed=17), 4):
-        for rank, outs in enumerate(pool(WORLD, "cuda").run(_run, part, timeout=600)):
-            per_rank[rank] += outs
-        release_shared_gpu_workers()
+    per_rank = pool(WORLD, "cuda").run(_run, fused_cases(seed=17), timeout=600)
     failures = [f"rank {r}: {c}: {d}" for r, outs in enumerate(per_rank) for c, d in outs if d]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])

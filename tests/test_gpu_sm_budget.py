@@ -7,7 +7,7 @@ results/shared_1xH100/)."""
 import pytest
 import torch
 
-from conftest import gpu_world, needs_gpus, release_shared_gpu_workers
+from conftest import gpu_world, needs_gpus
 from hybridcomm import Layout
 from hybridcomm.abi import MAX_BLOCKS
 from hybridcomm.check import Case, cases_for_layout, check_cases, close_communicators, communicator
@@ -18,15 +18,6 @@ pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 WORLD = gpu_world()
 LAYOUTS = [Layout(WORLD), Layout(WORLD, attn_tp=2)]
 GREEN_SMS = 8  # a green context this small holds none of the default grids (up to one block per SM)
-
-
-@pytest.fixture(autouse=True)
-def fresh_shared_gpu_workers_per_test():
-    """A test here makes a communicator per table and layout (18, closed at its end): where ranks
-    share a GPU, closing does not free them (conftest.release_shared_gpu_workers), so each test
-    gets fresh workers (world 8 ran out of memory in the second)."""
-    yield
-    release_shared_gpu_workers()
 
 
 def _cases() -> list[Case]:

@@ -83,3 +83,22 @@ def test_mps_is_seen_from_its_control_pipe(tmp_path, monkeypatch):
     assert not mps_running()
     (tmp_path / "control").touch()  # what `nvidia-cuda-mps-control -d` makes there
     assert mps_running()
+
+
+# -- the communicators a test worker keeps (check.communicator) ---------------------------------------
+
+def test_a_worker_keeps_its_most_recently_used_gpu_communicators(monkeypatch):
+    from types import SimpleNamespace
+
+    from hybridcomm import check
+
+    closed = []
+    def made(i, device):  # a stand-in: what communicator() reads of a Communicator
+        return SimpleNamespace(device=torch.device(device), close=lambda: closed.append(i))
+    keys = [(hc.Layout(2), "auto", f"table{i}", False, None) for i in range(check.KEPT_ON_GPU + 2)]
+    kept = {k: made(i, "cuda") for i, k in enumerate(keys[:-1])}
+    kept[keys[-1]] = made(len(keys) - 1, "cpu")  # holds no GPU memory: never closed for room
+    monkeypatch.setattr(check, "_communicators", dict(kept))
+    assert check.communicator(*keys[0]) is kept[keys[0]]  # used again: now the most recent, no new one
+    assert closed == [1]  # 9 on the GPU: the least recently used goes
+    assert list(check._communicators) == keys[2:] + keys[:1]

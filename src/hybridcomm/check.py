@@ -293,23 +293,34 @@ def cases_for_layout(layout: Layout, dtypes=("float32", "bfloat16"), data: str =
     return cases
 
 
-_communicators: dict = {}  # per worker: (layout, backend, table, validate, max_sms) -> Communicator
+_communicators: dict = {}  # per worker: (layout, backend, table, validate, max_sms) -> Communicator, oldest use first
+# Communicators on a GPU a worker keeps: beyond this the least recently used is closed. Each holds an
+# nvlink workspace (up to 0.5 GiB per rank on world 8), and with 8 ranks sharing one H100 those
+# test_gpu_counts.py makes (9.2 GiB per rank) filled its 80 GB. Every rank makes the same calls
+# in the same order, so every rank closes the same one (close is local).
+KEPT_ON_GPU = 8
 
 
 def communicator(layout: Layout, backend: str = "auto", table: str = "auto", validate: bool = False,
                  max_sms: int | None = None):
-    """This worker's Communicator for these settings, created once (creation is collective)."""
+    """This worker's Communicator for these settings, created once (creation is collective) and
+    kept until KEPT_ON_GPU others on the GPU have been used since."""
     import torch.distributed as dist
 
     from . import spmd
     from .communicator import Communicator
 
     key = (layout, backend, table, validate, max_sms)
-    if key not in _communicators:
+    comm = _communicators.pop(key, None)
+    if comm is None:
         device = spmd.worker_device or ("cuda" if dist.get_backend() == "nccl" else "cpu")  # or torchrun's
-        _communicators[key] = Communicator(layout, device=device, backend=backend, validate=validate,
-                                           table=table, max_sms=max_sms)  # table: a name or a file
-    return _communicators[key]
+        comm = Communicator(layout, device=device, backend=backend, validate=validate,
+                            table=table, max_sms=max_sms)  # table: a name or a file
+    _communicators[key] = comm  # now the most recent
+    on_gpu = [k for k, c in _communicators.items() if c.device.type == "cuda"]
+    for old in on_gpu[:-KEPT_ON_GPU]:
+        _communicators.pop(old).close()
+    return comm
 
 
 def close_communicators(max_sms: int) -> None:
