@@ -214,12 +214,9 @@ class Workspace:
         """Drop every reference to the workspace's memory: the symmetric buffer and its
         rendezvous handle (peers' mappings), the error word and its pinned mirror, the
         per-region states. The caller synchronised the device first."""
-        shared = isinstance(getattr(self, "handle", None), shared_gpu.IpcBuffers)
         for name in ("buffer", "handle", "error_word", "error_mirror", "_error_view", "states"):
             if hasattr(self, name):
                 delattr(self, name)
-        if shared:  # frees what the peers already let go of; the rest on a later free (shared_gpu.py)
-            torch.cuda.ipc_collect()
         self.args, self.lamport_args, self.keys, self.total_bytes = {}, {}, {}, 0
         self.blocker = "the communicator was closed"
 
