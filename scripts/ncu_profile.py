@@ -1,11 +1,13 @@
 """Nsight Compute profiles of our kernels at decode sizes, on the GPUs there are (2 or 4).
 
     python3 scripts/ncu_profile.py --out DIR [--world N] [--set full] [--cases WORDS] [--stalls] [--share-gpus]
-                                   [--hidden H]
+                                   [--hidden H] [--sass]
 
 Spawns `world` ranks (NCCL); rank 0 runs under `ncu` with profiling off except around one
 call per case (cudaProfilerStart/Stop), so only that call's kernel is profiled; the other
-ranks run plainly. Writes DIR/ncu_rank0.txt (ncu's details page per kernel, in case order).
+ranks run plainly. Writes DIR/ncu_rank0.txt (ncu's details page per kernel, in case order); with
+--sass also the report and its source page (sass_rank0.csv: per SASS instruction, how often it ran
+and where warps stalled -- which instructions a kernel's time goes to).
 
 What the numbers mean: ncu replays a kernel many times (one pass per group of counters),
 restoring rank 0's memory before each pass. So rank 0 launches its profiled call only after
@@ -58,6 +60,14 @@ CASES = [  # (name, layout name for world 2, for world 4, op, table, size: bytes
     ("gather_tokens 512 tokens, DP, quant fp8 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "fp8"),
     ("gather_tokens 512 tokens, DP, quant nvfp4 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512, "nvfp4"),
     ("gather_tokens 512 tokens, DP, bf16 Lamport", "dp2", "dp4", "gather_tokens", "lamport", 512),
+    # The bytes floor (bench/quant_floor.py): a quantized gather beside the bf16 one that moves the
+    # same bytes (hidden 4096: an fp8 row is 0.50x a bf16 row, an nvfp4 row 0.28x).
+    ("gather_tokens 256 tokens, DP, quant fp8 Lamport, same bytes", "dp2", "dp4", "gather_tokens", "lamport", 256,
+     "fp8"),
+    ("gather_tokens 128 tokens, DP, bf16 Lamport, same bytes", "dp2", "dp4", "gather_tokens", "lamport", 128),
+    ("gather_tokens 256 tokens, DP, quant nvfp4 Lamport, same bytes", "dp2", "dp4", "gather_tokens", "lamport", 256,
+     "nvfp4"),
+    ("gather_tokens 72 tokens, DP, bf16 Lamport, same bytes", "dp2", "dp4", "gather_tokens", "lamport", 72),
     # quant_local (lamport_quant_local.cu) at TP: fp8 a block a row, nvfp4 a unit a thread (spread grid).
     ("gather_tokens 1 token TP quant fp8 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "fp8"),
     ("gather_tokens 1 token TP quant nvfp4 local", "tp2", "dp2xtp2", "gather_tokens", "quant_local", 1, "nvfp4"),
@@ -163,6 +173,9 @@ def main() -> int:
     parser.add_argument("--stalls", action="store_true", help="stall reasons per issued instruction, warm caches")
     parser.add_argument("--share-gpus", action="store_true", help="ranks share the GPUs (one is enough), over gloo")
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="row width of the gather cases")
+    parser.add_argument("--sass", action="store_true",
+                        help="also keep the report (ncu_rank0.ncu-rep) and write its source page: per SASS "
+                             "instruction of each kernel, instructions executed and stall samples (sass_rank0.csv)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -185,11 +198,18 @@ def main() -> int:
           "--port", str(port), "--hidden", str(args.hidden)] + (["--cases", args.cases] if args.cases else []) + \
         (["--share-gpus"] if args.share_gpus else [])
     what = STALLS if args.stalls else ["--set", args.set]
+    report = os.path.join(args.out, "ncu_rank0")
     profiled = [ncu, "--profile-from-start", "off", *what, "--target-processes", "application-only",
-                "--log-file", os.path.join(args.out, "ncu_rank0.txt")]
+                "--log-file", report + ".txt"] + (["--export", report, "--print-summary", "none"] if args.sass else [])
     procs = [subprocess.Popen((profiled if r == 0 else []) + me + ["--worker", str(r)]) for r in range(args.world)]
     codes = [p.wait(timeout=900) for p in procs]
-    print(f"[ncu] exit codes {codes}; profile: {os.path.join(args.out, 'ncu_rank0.txt')}")
+    print(f"[ncu] exit codes {codes}; profile: {report}.txt")
+    if args.sass:  # exported, so the pages come from the report: details, and source as SASS (no line info)
+        for page, name in ((["details"], "ncu_rank0.txt"), (["source", "--print-source", "sass", "--csv"],
+                                                            "sass_rank0.csv")):
+            with open(os.path.join(args.out, name), "a") as out:
+                page_run = subprocess.run([ncu, "--import", report + ".ncu-rep", "--page", *page], stdout=out)
+                codes.append(page_run.returncode)
     return max(codes)
 
 

@@ -49,6 +49,8 @@ def test_a_shared_bench_times_only_our_forced_algorithms():
     calls = dict.fromkeys(["nccl", "nccl_symm", "hybridcomm", "hc_one_shot", "hc_two_shot", "hc_norm"])
     assert sorted(ours_only(calls, {"hc_one_shot": 0, "hc_two_shot": 0, "hc_bulk": 0})) == ["hc_one_shot",
                                                                                          "hc_two_shot"]
+    # bench quant keeps its default Communicator's calls too (the bytes floor reads them).
+    assert sorted(ours_only(calls, {"hc_norm": 0}, also=("hybridcomm", "hc_bf16"))) == ["hc_norm", "hybridcomm"]
 
 
 @pytest.mark.parametrize("kind", ["ops", "transitions", "quant"])

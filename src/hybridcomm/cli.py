@@ -575,7 +575,8 @@ def parser() -> argparse.ArgumentParser:
     qb.add_argument("--counts", choices=QUANT_COUNTS, default="host",
                     help="how our calls get the counts: host (a list, default), device (an int32 tensor of "
                          "all), own (hc.Counts of this DP group's, exchanged in the kernel); NCCL's: host")
-    qb.add_argument("--share-gpus", action="store_true", help=share_help)
+    qb.add_argument("--share-gpus", action="store_true",
+                    help=share_help + "; quant also keeps hc_bf16 and the Communicator's choice (the bytes floor)")
     qb.add_argument("--out", default=None, help="JSON path (.md and .png written beside it)")
     qb.set_defaults(fn=cmd_bench_quant)
 

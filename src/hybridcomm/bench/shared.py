@@ -53,6 +53,8 @@ def description(world_size: int) -> dict:
             "mps": mps_running()}
 
 
-def ours_only(calls: dict, forced: dict) -> dict:
-    """The calls of our forced Communicators (the only ones that run with ranks sharing a GPU)."""
-    return {name: call for name, call in calls.items() if name in forced}
+def ours_only(calls: dict, forced: dict, also: tuple[str, ...] = ()) -> dict:
+    """The calls of our forced Communicators (the only ones that run with ranks sharing a GPU),
+    and those named in `also`: calls of a default Communicator, which run our kernels wherever
+    its table picks an nvlink rule (beyond that it would pick NCCL, and fail)."""
+    return {name: call for name, call in calls.items() if name in forced or name in also}
