@@ -140,9 +140,9 @@ __device__ __forceinline__ LamportCall begin_lamport_call(const GroupArgs& g, co
 
 // Waits for unit i of every source s < n with wants(s) (member member_base + s) in my areas,
 // polling them all at once; data[s] is written for those. Gives up like every wait (call.cuh).
-template <typename Wants>
+template <int S, typename Wants>
 __device__ __forceinline__ uint32_t wait_units(const LamportCall& lc, int n, int member_base, int64_t i, Wants wants,
-                                               uint4 (&data)[kMaxRanks]) {
+                                               uint4 (&data)[S]) {
   return wait_all(
       lc.cx, n, member_base, wants, [&](int s) { return (const uint4*)lc.inbox(member_base + s) + i; },
       [](const uint4* p, uint4& v) { return try_get_unit(p, v); }, data);
@@ -192,11 +192,10 @@ __device__ __forceinline__ void refill_previous_slot(const LamportCall& lc) {
   const GroupArgs& g = lc.cx.g;
   const uint4 sentinel = make_uint4(kSentinelWord, kSentinelWord, kSentinelWord, kSentinelWord);
   const int64_t per_area = lc.refill_units, total = per_area * (g.nranks - 1);
-  for (int64_t j = grid_thread(); j < total; j += grid_threads()) {
-    const QuotRem at = divmod(j, per_area);
-    const int k = (int)at.q, src = k < g.me ? k : k + 1;  // every member but me
-    lc.area(g.me, lc.refill_slot, src)[at.r] = sentinel;
-  }
+  grid_stride_divided(total, per_area, [&](int64_t k, int64_t u) {
+    const int src = (int)k < g.me ? (int)k : (int)k + 1;  // every member but me
+    lc.area(g.me, lc.refill_slot, src)[u] = sentinel;
+  });
 }
 
 // Every block ends here (call.cuh end_call); the last block also advances the Lamport slot and

@@ -40,7 +40,7 @@ __device__ __forceinline__ void receive_other_groups(const LamportCall& lc, int 
     if (od == d) continue;
     const int64_t i = o - rc.offset[od] * units;
     const int holder = od * tp + chunk_owner(quot(i, units), rc.count(od), tp);
-    uint4 data[kMaxRanks];
+    uint4 data[1];  // one source (call.cuh wait_all: why not kMaxRanks)
     wait_units(lc, 1, holder, i, [](int) { return true; }, data);
     if (o < out_units) out[o] = data[0];
   }

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
   for_each_foreign_item(s, g.me, plan.replicated, w.wire_units,
                         [&](int64_t o, int64_t u, int owner, int64_t, int64_t c) {
     const int64_t i = c * w.wire_units + u;  // the owner's area rows start at its chunk's first row
-    uint4 data[kMaxRanks];
+    uint4 data[1];  // one source (call.cuh wait_all: why not kMaxRanks)
     wait_units(lc, 1, owner, i, [](int) { return true; }, data);
     w.store(o, u, u < w.data_units ? wire_swap<F>(data[0], false) : data[0]);
   });

@@ -605,26 +605,32 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
 // chunk). With one rank per DP group (tp == 1) the group is the owner and the row its chunk's:
 // the per-item index work is most of a small call's time from its sends to its first poll (each
 // instruction waits ~11 cycles on the one before, ncu), so that case skips the chunk arithmetic.
+// A thread's rows only grow (grid_stride_divided), so the DP group holding them -- its rows
+// [first, end) -- is looked up again only when a row passes its end: at most once a group, not
+// once an item (the lookup, a select over every member's offset, was ~40 instructions an item).
 // Replicated, the rows of my own DP group are not received (I quantized them myself).
 template <typename Receive>
 __device__ __forceinline__ void for_each_foreign_item(const TokenShape& s, int me, bool replicated, int64_t items,
                                                       Receive receive) {
   if (replicated && s.dp == 1) return;  // one DP group: every row was quantized here
-  const int64_t total = s.rc.offset[s.dp] * items;
-  for (int64_t x = grid_thread(); x < total; x += grid_threads()) {
-    const QuotRem item = divmod(x, items);
-    const int64_t o = item.q, k = item.r;
-    const int d = group_of_row(s, o);
-    const int64_t j = o - s.rc.offset[d];
+  int d = 0;
+  int64_t first = 0, end = 0;  // group d's rows (none yet)
+  grid_stride_divided(s.rc.offset[s.dp] * items, items, [&](int64_t o, int64_t k) {
+    if (o >= end) {
+      d = group_of_row(s, o);
+      first = s.rc.offset[d];
+      end = s.rc.offset[d + 1];
+    }
+    const int64_t j = o - first;
     if (s.tp == 1) {  // uniform
       if (d != me) receive(o, k, d, j, j);
-      continue;
+      return;
     }
-    if (replicated && d == s.d) continue;
-    const int64_t count = s.rc.count(d);
+    if (replicated && d == s.d) return;
+    const int64_t count = end - first;
     const int t = chunk_owner(j, count, s.tp), owner = d * s.tp + t;
     if (owner != me) receive(o, k, owner, j, j - chunk_begin(count, t, s.tp));
-  }
+  });
 }
 
 // Fingerprint fields the quantized gathers add: the format, the fusion and who sums the
