@@ -36,11 +36,10 @@ __global__ void __launch_bounds__(kThreads)
     uint2 data[kMaxRanks];
     const uint32_t received =
         wait_sources(cx, 0, n, 0, i, [&](int s) { return s != me && i < rc.count(s) * io.row_lanes; }, data);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      int64_t o = rc.offset[s] * io.row_lanes + i;
-      if (((received >> s) & 1u) && o < io.out_lanes()) out[o] = data[s];
-    }
+    for_each_received(received, [&](int s) {
+      const int64_t o = rc.offset[s] * io.row_lanes + i;
+      if (o < io.out_lanes()) out[o] = data[s];
+    });
   }
   end_call(cx);
 }

@@ -62,10 +62,7 @@ __device__ __forceinline__ void all_reduce_two_shot(const CallCtx& cx, const uin
     // Phase 2: the summed lane i of every other chunk.
     uint2 data[kMaxRanks];
     const uint32_t received = wait_sources(cx, 1, n, 0, i, [&](int s) { return s != me && i < chunk_len(s); }, data);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
-      if ((received >> s) & 1u) out[chunk_begin(lanes, s, n) + i] = data[s];
-    }
+    for_each_received(received, [&](int s) { out[chunk_begin(lanes, s, n) + i] = data[s]; });
   }
 }
 

@@ -42,11 +42,10 @@ __global__ void __launch_bounds__(kThreads)
     uint4 data[kMaxRanks];
     const uint32_t received =
         wait_units(lc, n, 0, i, [&](int s) { return s != me && i < rc.count(s) * row_units; }, data);
-#pragma unroll
-    for (int s = 0; s < kMaxRanks; ++s) {
+    for_each_received(received, [&](int s) {
       const int64_t o = rc.offset[s] * row_units + i;
-      if (((received >> s) & 1u) && o < out_units) out[o] = data[s];
-    }
+      if (o < out_units) out[o] = data[s];
+    });
   }
   end_lamport_call(lc, rc.max * row_units);  // peers wrote at most rc.max rows into each of my areas
 }
