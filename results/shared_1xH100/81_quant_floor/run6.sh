@@ -5,9 +5,10 @@
 # "main" is main; the patch's build is carried, main's is built here (call 6: 242 s) or, from
 # call 7 on, both builds travel xz-compressed in .hc_cache/libs (two plain builds and the tree
 # exceed what may travel) and are unpacked here. BENCHES picks the benches (call 6: quant).
+# Run 82 reuses it for its own patch: PATCH (default: this run's) and R (default: call_RUN).
 set -u
-P=results/shared_1xH100/81_quant_floor/receive_loop.patch
-R=call_${RUN:-6}; mkdir -p $R .hc_cache/hybridcomm
+P=${PATCH:-results/shared_1xH100/81_quant_floor/receive_loop.patch}
+R=${R:-call_${RUN:-6}}; mkdir -p $R .hc_cache/hybridcomm
 command -v xz > /dev/null || { echo "=== no xz here"; exit 2; }
 for lib in .hc_cache/libs/*.xz; do [ -e "$lib" ] && xz -dc "$lib" > .hc_cache/hybridcomm/"$(basename "$lib" .xz)"; done
 git apply -R $P || { echo "=== the patch does not undo"; exit 2; }
