@@ -17,8 +17,9 @@ reference backend.
 Memory: torch counts the consumers of a shared CUDA block with one counter per share: it
 starts at 1, each consumer takes 1 off when it drops its mapping, and the producer frees the
 block once the counter is back to 0: when it frees the block, if the consumers let go first,
-else later (torch.cuda.ipc_collect(), its next free of a shared block, an out-of-memory retry). The counter is read unsigned, so one share opened by 7 peers ends at -6
-and the block is never freed. Before each peer got its own share, a closed Communicator kept its
+else later (torch.cuda.ipc_collect(), its next free of a shared block, an out-of-memory retry).
+The counter is read unsigned, so one share opened by 7 peers ends at -6 and the block is never
+freed. Before each peer got its own share, a closed Communicator kept its
 workspace when 3 or more ranks shared a GPU (0.4 GiB per rank and communicator on world 8).
 IpcBuffers therefore makes one share per peer.
 """

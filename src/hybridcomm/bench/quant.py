@@ -187,8 +187,8 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
             for label, counts in token_cases(layout, tokens):
                 for fmt in formats:
                     calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain, counts_mode)
-                    # The bytes floor (quant_floor.py) reads hybridcomm and hc_bf16: both our kernels up to
-                    # the tables' nvlink limits (bf16 gathers 16 MiB, quantized 32 MiB).
+                    # The bytes floor (quant_floor.py) reads hybridcomm and hc_bf16: our kernels wherever the
+                    # table picks nvlink for them (shared.ours_only).
                     if share_gpus:
                         calls = shared.ours_only(calls, forced_comms, also=("hc_bf16", "hybridcomm"))
                     names = sorted(calls)

@@ -5,7 +5,8 @@ What it can show: what a kernel change costs on the device side (instructions, r
 spills, flag handling), since both builds run the same calls on the same GPU in the same way.
 What it cannot show: anything about NVLink or about the baselines. The peers' memory is the
 same GPU's memory (L2 and HBM, far faster than NVLink), and NCCL and torch symmetric memory
-refuse two ranks on one GPU, so only our forced algorithms (the hc_<algorithm> columns) run.
+refuse two ranks on one GPU, so only our forced algorithms (the hc_<algorithm> columns) run,
+and, in `bench quant`, the default Communicator's calls that the bytes floor reads (ours_only).
 No number from it is a speed claim against anything but another build of our kernels.
 
 Why MPS: without it the GPU runs each rank's context in turn, so a kernel that waits for a
