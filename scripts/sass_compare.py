@@ -11,11 +11,15 @@ tests and timings still hold for it. A kernel that differs needs more: a disasse
 archive) and from the working tree, with the library's flags (hybridcomm.build). Per kernel it
 prints "same" or the instruction counts of both sides (a Hopper instruction is 16 bytes, so the
 count is the size of the kernel's .text section / 16). Exit status 1 when any kernel differs.
+A change that adds a template argument renames every instance: `--rename REGEX REPLACEMENT`
+maps the working tree's mangled names back to the base's (re.sub) before they are paired, e.g.
+`--rename 'Li512E(Li[0-9]ELb[01]E)' '\1'` for a team width of 512 inserted before two last ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import struct
 import subprocess
 import sys
@@ -61,6 +65,12 @@ def compile_cubin(source: Path, out: Path, arch: str) -> Path:
     return out
 
 
+def renamed(kernels: dict[str, bytes], pattern: str, replacement: str) -> dict[str, bytes]:
+    """The kernels under names re.sub(pattern, replacement, name): a template argument a change
+    added, mapped away so that its instances pair with the base's (--rename)."""
+    return {re.sub(pattern, replacement, name): code for name, code in kernels.items()}
+
+
 def compare(before: dict[str, bytes], after: dict[str, bytes]) -> list[tuple[str, str]]:
     """(kernel, verdict) for every kernel of either side: "same", or both instruction counts."""
     def count(code):
@@ -77,6 +87,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD", help="git revision to compare against")
     parser.add_argument("--arch", default="90a")
+    parser.add_argument("--rename", nargs=2, metavar=("REGEX", "REPLACEMENT"),
+                        help="map the working tree's kernel names to the base's before pairing")
     parser.add_argument("files", nargs="*", help="csrc sources (default: every .cu)")
     args = parser.parse_args()
     files = [Path(f).name for f in args.files] or [s.name for s in build.sources()]
@@ -91,6 +103,8 @@ def main() -> int:
             before = kernel_code(compile_cubin(base / CSRC_IN_REPO / name, Path(tmp) / f"base_{name}.cubin",
                                                args.arch))
             after = kernel_code(compile_cubin(build.CSRC / name, Path(tmp) / f"now_{name}.cubin", args.arch))
+            if args.rename:
+                after = renamed(after, *args.rename)
             rows = compare(before, after)
             differing += sum(verdict != "same" for _, verdict in rows)
             same = sum(verdict == "same" for _, verdict in rows)

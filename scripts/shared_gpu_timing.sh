@@ -5,9 +5,11 @@
 # built or found in the cache, timed, reverted), then main again; a change counts only where it
 # differs from both main runs by more than they differ from each other.
 #   bash scripts/shared_gpu_timing.sh [PATCH ...]     (no patch: main twice, to see the drift)
-# Under $OUT/shared_timing/: NAME_BENCH.json / .md, NAME_vs_main_N_BENCH.md (scripts/compare_results.py)
-# and a log per step. WORLD (2), BENCHES (ops transitions quant), SIZES, TOKENS, LAYOUTS, HIDDEN and
-# QUANTS (the quantized gathers': 4096; fp8,nvfp4) and COUNTS (bench quant --counts: host) narrow it.
+# Under $OUT/shared_timing/: NAME_BENCH.json / .md, NAME_vs_main_N_BENCH.md and
+# NAME_between_mains_BENCH.md (scripts/compare_results.py: against each main run, and against both
+# with a verdict per case) and a log per step. WORLD (2), BENCHES (ops transitions quant), SIZES,
+# TOKENS, LAYOUTS, HIDDEN and QUANTS (the quantized gathers': 4096; fp8,nvfp4) and COUNTS (bench
+# quant --counts: host) narrow it.
 # The device tool brings back only so many files: give OUT a folder of the checkout and tar it into
 # the tool's $OUT. Build the patched libraries beforehand (`hybridcomm build --arch 90a`, XDG_CACHE_HOME
 # set) and carry the cache: on the device each build costs ~100 s of device time. NVLink multicast
@@ -62,6 +64,11 @@ for name in main_2 $(for p in "$@"; do basename "$p" .patch; done); do
       echo "=== $name against $base, $b (median ratio per impl):"
       grep -A20 "^| impl | pairs" "$DIR/${name}_vs_${base}_$b.md" | sed '/^$/q'
     done
+    [ "$name" != main_2 ] && [ -f "$DIR/${name}_$b.json" ] || continue
+    python3 scripts/compare_results.py "$DIR/main_1_$b.json" "$DIR/${name}_$b.json" "$DIR/main_2_$b.json" \
+      > "$DIR/${name}_between_mains_$b.md" || status=1
+    echo "=== $name between main_1 and main_2, $b (cases beyond the drift per impl):"
+    grep -A20 "^| impl | faster" "$DIR/${name}_between_mains_$b.md" | sed '/^$/q'
   done
 done
 exit $status

@@ -2,11 +2,13 @@
 # On a machine with 2 or more GPUs, in one call: time kernel experiments (experiments/*.patch, or
 # the ones named) against main with `bench quant` (BENCHES adds `ops` and `transitions`), and run
 # the GPU tests they touch with each applied. Order: main, then each patch (applied, built,
-# timed, tested, reverted), then main again: two runs of one machine drift by a few percent, so a change counts only where it beats
-# both main runs (hybridcomm.bench.compare). Everything under $OUT/experiments/:
-#   main_1.json, main_2.json, NAME.json (bench quant), NAME_vs_main_1.md, NAME_vs_main_2.md
-#   (scripts/compare_results.py), NAME_tests.log, build and bench logs; with BENCHES="quant ops
-#   transitions", also NAME_ops.json, NAME_ops_vs_main_1_ops.md, ... (SIZES: the ops' sizes).
+# timed, tested, reverted), then main again: two runs of one machine drift by a few percent, so a
+# change counts only where it beats both main runs (hybridcomm.bench.compare). Everything under
+# $OUT/experiments/:
+#   main_1.json, main_2.json, NAME.json (bench quant), NAME_vs_main_1.md, NAME_vs_main_2.md,
+#   NAME_between_mains.md (scripts/compare_results.py: a verdict per case), NAME_tests.log,
+#   build and bench logs; with BENCHES="quant ops transitions", also NAME_ops.json,
+#   NAME_ops_vs_main_1_ops.md, ... (SIZES: the ops' sizes).
 #   bash scripts/time_experiments.sh [experiments/NAME.patch ...]
 # WORLD (2), LAYOUTS (dp2,tp2), TOKENS (1,16,128,256,512), QUANTS (fp8,nvfp4), COUNTS (bench quant
 # --counts: host) and TESTS narrow it; one patch a call if they do not fit the device's 10 minutes.
@@ -64,6 +66,10 @@ for patch in "${patches[@]}"; do
     for base in main_1 main_2; do
       grep -A12 "^| impl | pairs" "$DIR/${name}${suffix}_vs_$base$suffix.md" | grep -E "hybridcomm|hc_"
     done
+    python3 scripts/compare_results.py "$DIR/main_1$suffix.json" "$DIR/$name$suffix.json" "$DIR/main_2$suffix.json" \
+      > "$DIR/${name}${suffix}_between_mains.md" || status=1
+    echo "=== $name between the main runs, $b (cases faster / slower beyond the drift, within it):"
+    grep -A12 "^| impl | faster" "$DIR/${name}${suffix}_between_mains.md" | grep -E "hybridcomm|hc_"
   done
 done
 exit $status

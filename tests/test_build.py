@@ -167,6 +167,10 @@ def test_sass_compare_tells_the_same_machine_code_from_other_code(tmp_path):
     assert rows["_Z5scalePff"] == "same"
     assert rows["_Z5shiftPff"] != "same" and rows["_Z5shiftPff"].endswith(" instructions")
     assert dict(sass_compare.compare(base, {})) == {k: f"{len(c) // 16} -> - instructions" for k, c in base.items()}
+    # --rename: an instance of a template that gained an argument pairs with the base's name
+    grown = {"_Z4gridILi2ELi512ELi0ELb1EEvv": b"x", "_Z4gridILi2ELi256ELi0ELb1EEvv": b"y"}
+    assert sass_compare.renamed(grown, r"Li512E(Li[0-9]ELb[01]E)", r"\1") == {
+        "_Z4gridILi2ELi0ELb1EEvv": b"x", "_Z4gridILi2ELi256ELi0ELb1EEvv": b"y"}
 
 
 # Under __launch_bounds__(1024, 2) a thread gets at most 32 registers, fewer than the 48 values

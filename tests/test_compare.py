@@ -1,4 +1,5 @@
-"""Two benchmark runs side by side (hybridcomm.bench.compare, scripts/compare_results.py)."""
+"""Benchmark runs side by side: two, or a change between two main runs (hybridcomm.bench.compare,
+scripts/compare_results.py)."""
 
 import json
 import os
@@ -6,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hybridcomm.bench.compare import compare_markdown, paired
+from hybridcomm.bench.compare import bracketed, compare_markdown, paired, verdict
 
 
 def _run(records):
@@ -50,3 +51,33 @@ def test_the_script_reads_two_result_files(tmp_path: Path):
                           "--impl", "nccl"], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "src"))).stdout
     assert "| all_reduce | 2048 | nccl | 10.00 | 11.00 | 1.100 |" in out
+
+
+MAIN_AGAIN = _run([
+    {"op": "all_reduce", "bytes": 2048, "impl": "hc_one_shot", "us": 4.2, "busbw_GBps": 0.5},
+    {"op": "all_reduce", "bytes": 2048, "impl": "nccl", "us": 12.0, "busbw_GBps": 0.2},
+    {"op": "all_reduce", "bytes": 4096, "impl": "hc_one_shot", "us": 4.9, "busbw_GBps": 0.8},
+])
+
+
+def test_a_change_counts_only_beyond_both_main_runs_by_more_than_their_drift():
+    assert verdict(4.0, 3.0, 4.2) == "faster"  # 1.0 below both, the mains 0.2 apart
+    assert verdict(10.0, 11.0, 12.0) == ""  # between the two main runs
+    assert verdict(5.0, 5.5, 4.9) == "slower"  # 0.5 above both, the mains 0.1 apart
+    assert verdict(5.0, 4.7, 5.5) == ""  # below both, but by less than the mains differ
+    rows = {(case["bytes"], case["impl"]): (m1, c, m2) for case, m1, c, m2 in bracketed(BEFORE, AFTER, MAIN_AGAIN)}
+    assert rows == {(2048, "hc_one_shot"): (4.0, 3.0, 4.2), (2048, "nccl"): (10.0, 11.0, 12.0),
+                    (4096, "hc_one_shot"): (5.0, 5.5, 4.9)}
+
+
+def test_the_script_reads_a_change_between_two_main_runs(tmp_path: Path):
+    for name, run in (("main_1.json", BEFORE), ("change.json", AFTER), ("main_2.json", MAIN_AGAIN)):
+        (tmp_path / name).write_text(json.dumps(run))
+    script = Path(__file__).parent.parent / "scripts" / "compare_results.py"
+    out = subprocess.run([sys.executable, str(script), *(str(tmp_path / n) for n in
+                                                          ("main_1.json", "change.json", "main_2.json"))],
+                         capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).parent.parent / "src"))).stdout
+    assert "| hc_one_shot | 1 | 1 | 0 |" in out  # 2048 faster, 4096 slower
+    assert "| nccl | 0 | 0 | 1 |" in out
+    assert "| all_reduce | 2048 | hc_one_shot | 4.00 | 3.00 | 4.20 | 0.750 | 0.714 | 1.050 | faster |" in out

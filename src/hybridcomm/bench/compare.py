@@ -8,6 +8,9 @@ run are counted, not paired.
 
 Two runs of one machine drift (by how much: experiments/README.md); `scripts/time_experiments.sh`
 therefore times main before and after the change, and a change counts only where it beats both.
+`bracketed_markdown` reads such a triple case by case: the change against each main run, and
+whether it differs from both by more than they differ from each other (a verdict; else within
+the drift).
 """
 
 from __future__ import annotations
@@ -61,3 +64,43 @@ def compare_markdown(before: dict, after: dict, impls: set[str] | None = None,
             f"{unpaired} record(s) in only one run.\n\n"
             + _table(["impl", "pairs", "median ratio", "min", "max"], summary) + "\n\n"
             + _table(fields + [before_name, after_name, "ratio"], rows) + "\n")
+
+
+def bracketed(main_1: dict, change: dict, main_2: dict) -> list[tuple[dict, float, float, float]]:
+    """[(naming fields, main_1 us, change us, main_2 us)] over the records all three runs have."""
+    first, _ = paired(main_1, change)
+    second = {record_key(case): a for case, _, a in paired(main_1, main_2)[0]}
+    return [(case, m1, c, second[record_key(case)]) for case, m1, c in first if record_key(case) in second]
+
+
+def verdict(m1: float, c: float, m2: float) -> str:
+    """"faster" / "slower" where the change lies beyond both main runs by more than they differ
+    from each other; "" (within the drift) otherwise."""
+    drift = abs(m2 - m1)
+    if c < min(m1, m2) and min(m1, m2) - c > drift:
+        return "faster"
+    if c > max(m1, m2) and c - max(m1, m2) > drift:
+        return "slower"
+    return ""
+
+
+def bracketed_markdown(main_1: dict, change: dict, main_2: dict, impls: set[str] | None = None) -> str:
+    """A table of every case the three runs share (limited to `impls`): the three times, the
+    change over each main run, the drift (main_2 / main_1) and the verdict; and per impl how
+    many cases are faster, slower or within the drift."""
+    rows3 = [r for r in bracketed(main_1, change, main_2) if impls is None or r[0].get("impl") in impls]
+    if not rows3:
+        return "(no records in common)\n"
+    fields = [k for k in rows3[0][0] if k != "impl"] + ["impl"]
+    rows, tally = [], {}
+    for case, m1, c, m2 in rows3:
+        v = verdict(m1, c, m2)
+        counts = tally.setdefault(str(case.get("impl")), {"faster": 0, "slower": 0, "": 0})
+        counts[v] += 1
+        rows.append([_cell(case.get(k)) for k in fields]
+                    + [_fmt(m1), _fmt(c), _fmt(m2), f"{c / m1:.3f}", f"{c / m2:.3f}", f"{m2 / m1:.3f}", v])
+    summary = [[impl, str(n["faster"]), str(n["slower"]), str(n[""])] for impl, n in sorted(tally.items())]
+    return ("µs per call; change / main_1 and change / main_2 (< 1: the change is faster); main_2 / main_1: "
+            "the drift. Verdict: the change beyond both main runs by more than the drift.\n\n"
+            + _table(["impl", "faster", "slower", "within the drift"], summary) + "\n\n"
+            + _table(fields + ["main_1", "change", "main_2", "c/m1", "c/m2", "m2/m1", "verdict"], rows) + "\n")
