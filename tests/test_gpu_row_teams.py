@@ -1,8 +1,12 @@
 """GPU tests of the quantized gathers' row teams (csrc/quant_rows.cuh quant_grid): plain rows
 (attention TP 1, or replicated rows) of the block formats (fp8_block128, nvfp4), and of fp8 up
 to 8 KB of input a row, are worked by teams of 512 threads that span 4 blocks of 128 or 2 of 256
-threads when the grid fits the SM budget that way, else by full blocks (splits_rows). With
-max_sms=16 the counts below put each kernel (`quant` on LL, `quant_lamport`) in every band.
+threads when the grid fits the SM budget that way, else by full blocks (splits_rows). Plain rows
+of at most 256 data lanes (nvfp4 up to hidden 4096, the fp8 formats up to 2048) have teams of
+256 threads (team_threads) in the same grids: 2 blocks of 128, one of 256, or two teams in a full
+block, each meeting at its own barrier. With max_sms=16 the counts below put each kernel (`quant`
+on LL, `quant_lamport`) in every band; 41 rows give the two teams of one block different numbers
+of rows (a barrier shared by the block would hang there).
 
 What a split team could get wrong: a lane that no block of the team covers (outputs are
 poisoned first), an fp8 row's max taken over less than the whole row (each block of the team
@@ -29,8 +33,10 @@ pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
 WORLD = gpu_world()
 MAX_SMS = 16
-# Largest counts: a team of 4 x 128 threads (1-3 rows), of 2 x 256 (6), full blocks (12, 40).
-ROWS = (1, 3, 6, 12, 40)
+# Largest counts: a team of 4 x 128 threads (1-3 rows), of 2 x 256 (6), full blocks (12, 40, 41);
+# narrow teams in the same grids: 2 x 128 (1-3), one block of 256 (6), two a full block (12, 40,
+# 41: 16 blocks, and teams 8 and 9 of 32 hold 2 and 1 rows).
+ROWS = (1, 3, 6, 12, 40, 41)
 ALGORITHM = {"quant_ll": "quant", "lamport": "quant_lamport"}
 
 
@@ -48,6 +54,7 @@ def _shapes() -> list[tuple[str, int, str, tuple[int, ...]]]:
     shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8", "fp8_block128", "nvfp4")
                for dtype in ("float16", "float32")]
     shapes += [("fp8", 2048, "float32", (1, 3))]
+    shapes += [(fmt, 2048, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128")]  # narrow teams
     return shapes
 
 
@@ -66,6 +73,23 @@ def _quant_cases() -> list[QuantCase]:
                                 partial=partial, device_sizes=device_sizes, seed=len(cases))
                     cases.append(QuantCase(case, fmt, scale_tensor=device_sizes))
     return cases
+
+
+def _replays_match_the_oracle(pool, fmt: str, hidden: int, capacity: int, seed: int, table: str,
+                              own_counts: bool) -> list[dict]:
+    """One DP gather graph of `capacity` rows a group, replayed 8 times with random counts and
+    fresh data (quant_replay_check) on `table`'s kernel: no failure on any rank; the ranks'
+    results."""
+    lay = Layout(WORLD)
+    case = Case("gather_tokens", lay, (1,) * lay.attn_dp, row_shape=(hidden,), dtype="bfloat16", data="randn",
+                device_sizes=True)
+    per_rank = pool(WORLD, "cuda").run(quant_replay_check, QuantCase(case, fmt), 8, capacity, seed, table,
+                                       own_counts, timeout=600)
+    failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res["failures"]]
+    failures += [f"rank {r}: ran {res['ran']}" for r, res in enumerate(per_rank)
+                 if res["ran"] != f"nvlink/{ALGORITHM[table]}"]
+    assert not failures, "\n".join(failures[:20])
+    return per_rank
 
 
 @pytest.mark.timeout(900)
@@ -88,19 +112,22 @@ def test_plain_rows_on_split_and_whole_teams_match_the_reference_quantizer(pool,
 @pytest.mark.parametrize("table", sorted(ALGORITHM))
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block128", "nvfp4"])
 def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_counts):
-    """One graph of a split team's grid (capacity 2 rows a DP group: 4 x 128-thread blocks a
-    row), replayed with random counts of 0-2 rows per group and fresh data."""
-    lay = Layout(WORLD)
-    case = Case("gather_tokens", lay, (1,) * lay.attn_dp, row_shape=(4096,), dtype="bfloat16", data="randn",
-                device_sizes=True)
-    per_rank = pool(WORLD, "cuda").run(quant_replay_check, QuantCase(case, fmt), 8, 2, 5, table, own_counts,
-                                       timeout=600)
-    failures = [f"rank {r}: {f}" for r, res in enumerate(per_rank) for f in res["failures"]]
-    failures += [f"rank {r}: ran {res['ran']}" for r, res in enumerate(per_rank)
-                 if res["ran"] != f"nvlink/{ALGORITHM[table]}"]
-    assert not failures, "\n".join(failures[:20])
+    """One graph of a split team's grid (capacity 2 rows a DP group: a row's team in 128-thread
+    blocks, 4 or, narrow, 2), replayed with random counts of 0-2 rows per group and fresh data."""
+    per_rank = _replays_match_the_oracle(pool, fmt, 4096, 2, 5, table, own_counts)
     for it in range(8):  # every rank holds the same gathered bits
         assert len({res["digests"][it] for res in per_rank}) == 1, f"replay {it}"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("own_counts", [False, True], ids=["all-counts", "own-count"])
+@pytest.mark.parametrize("table", sorted(ALGORITHM))
+@pytest.mark.parametrize("fmt, hidden", [("nvfp4", 4096), ("fp8", 2048), ("fp8_block128", 1024)])
+def test_narrow_teams_in_graph_replays_with_new_counts(pool, fmt, hidden, table, own_counts):
+    """One graph of narrow teams in full blocks (capacity 256 rows a DP group: full blocks on any
+    SM budget, and the most that fits the LL areas for nvfp4), replayed with random counts of
+    0-256 rows per group: the two teams of a block often work different numbers of rows."""
+    _replays_match_the_oracle(pool, fmt, hidden, 256, 7, table, own_counts)
 
 
 @pytest.mark.timeout(600)

@@ -95,14 +95,14 @@ __device__ __forceinline__ void put_half_unit(const CallCtx& cx, uint4* unit, in
 // it, as units into the area from me of every rank that receives it (data: one unit, two lanes,
 // per even thread; scales: 8-byte halves; none after an abort: put_unit). Called by the whole
 // team.
-template <int F, int KL>
+template <int F, int KL, int W>
 __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const TokenShape& s, bool replicated,
                                                   int64_t r, bool owned, const QuantizedLanes<KL>& q, int to,
                                                   const WireUnits& w) {
   const int64_t o = s.rc.offset[s.d] + r;  // (once the counts are known)
   const int64_t base = (r - chunk_begin(s.rc.count(s.d), s.t, s.tp)) * w.wire_units;
   const bool mine = to & kToMine, receivers = (to & kToReceivers) && owned;
-  emit_lanes<F, 2>(
+  emit_lanes<F, 2, KL, W>(
       q, w.out.data_lanes, 2 * (w.wire_units - w.data_units),
       [&](int64_t u, const uint2(&v)[2]) {
         const uint4 unit = make_uint4(v[0].x, v[0].y, v[1].x, v[1].y);
@@ -121,7 +121,7 @@ __device__ __forceinline__ void put_quantized_row(const LamportCall& lc, const T
 }
 
 // M: the RowMode (quant_rows.cuh). kOwn: own-count mode (as in quant_gather.cu).
-template <typename T, int F, int KL, int M, bool kOwn>
+template <typename T, int F, int KL, int W, int M, bool kOwn>
 __global__ void __launch_bounds__(kThreads)
     lamport_quant_gather(GroupArgs g, const __grid_constant__ LamportArgs l, int op, int algorithm, int tp,
                          int partial,
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   constexpr bool kSplits = M == kRowsPlain;  // (splits_rows: only plain rows' teams may split)
   const RowInput<T, F, KL, kSplits> early =
-      early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
+      early_row_input<T, F, KL, W, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   constexpr bool own = kOwn;
   TokenShape s = quant_token_shape(lc, tp, plan.reduce, counted<kOwn>(io, g.me / tp), w.wire_units);
@@ -148,11 +148,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint64_t width = (uint64_t)io.row_lanes * 8 | (uint64_t)quant_fields<F>(plan.fused, plan.replicated) << 24;
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
   if (own) publish_own_count(lc.cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
+  stage_my_rows<T, F, KL, W, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
                                    w.out.data_lanes, early, row, warp_buf, own,
                                    [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
                                    [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
-                                     put_quantized_row<F, KL>(lc, s, plan.replicated, r, owned, q, to, w);
+                                     put_quantized_row<F, KL, W>(lc, s, plan.replicated, r, owned, q, to, w);
                                    });
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
@@ -196,11 +196,12 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_units);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr, [&](auto kl, auto m, auto own) {
-      return launch_kernel_smem(lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value,
-                                                     decltype(own)::value>,
-                                grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, *l, op,
-                                algorithm, tp, partial, (const uint2*)in, (const uint2*)residual,
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr,
+                                       [&](auto kl, auto team, auto m, auto own) {
+      const auto kernel = lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(team)::value,
+                                               decltype(m)::value, decltype(own)::value>;
+      return launch_kernel_smem(kernel, grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, *l,
+                                op, algorithm, tp, partial, (const uint2*)in, (const uint2*)residual,
                                 (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);
     });
   }));

@@ -135,7 +135,7 @@ __device__ __forceinline__ void store_fp8_row(float a, float (&v)[UnitQuant<T, k
   uint8_t* bytes = data();
 #pragma unroll 1
   for (int k = 0; k < KU; ++k) {
-    const int64_t u = my_lane(k);
+    const int64_t u = my_lane<kThreads>(k);
     if (u >= units) break;
     if (kStaged) for (int e = 0; e < kV; ++e) v[e] = row[u * kV + e];
     store_codes<T, kQuantFp8>(v, token.inv, bytes, u);
@@ -155,7 +155,7 @@ __device__ __forceinline__ void quantize_fp8_row(const LamportCall& lc, int tp, 
   float v[kV], a = 0.f;
 #pragma unroll 1
   for (int k = 0; k < KU; ++k) {
-    const int64_t u = my_lane(k);
+    const int64_t u = my_lane<kThreads>(k);
     my_unit<T, KU>(lc, tp, od, j, u, units, in, v);
     a = fmaxf(a, max_abs(v));
     if (KU > 1 && u < units) for (int e = 0; e < kV; ++e) row[u * kV + e] = v[e];
@@ -268,7 +268,7 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
     float a = 0.f;
 #pragma unroll 1
     for (int k = 0; k < KU; ++k) {
-      const int64_t u = my_lane(k);
+      const int64_t u = my_lane<kThreads>(k);
       if (u >= units) continue;
       normed(u, v);
       a = fmaxf(a, max_abs(v));
@@ -281,7 +281,7 @@ __device__ __forceinline__ void quantize_fused_row(const LamportCall& lc, int tp
 #pragma unroll 1
     for (int k = 0; k < KU; ++k) {
       if ((int64_t)k * kThreads >= units) break;  // uniform over the block: the shuffles below
-      const int64_t u = my_lane(k);
+      const int64_t u = my_lane<kThreads>(k);
       if (u < units) normed(u, v);
       else for (int e = 0; e < kV; ++e) v[e] = 0.f;
       const float amax = group_max(max_abs(v), Q::kGroup);

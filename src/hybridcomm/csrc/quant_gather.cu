@@ -40,7 +40,7 @@ __host__ __device__ __forceinline__ WireRows wire_rows(int64_t hidden, void* dat
 // Row r of my group, quantized (q: my lanes), to `to` (an EmitTo): into my output, and, if I
 // own it, to every rank that receives it (area 1, at the row's group-local wire lanes; none
 // after an abort: put_lane). Called by the whole team.
-template <int F, int KL>
+template <int F, int KL, int W>
 __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const TokenShape& s, bool replicated, int64_t r,
                                                    bool owned, const QuantizedLanes<KL>& q, int to,
                                                    const WireRows& w) {
@@ -50,7 +50,7 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
     if (to & kToMine) w.store(o, l, v);
     if (receivers) for_each_receiver(cx, s, replicated, [&](int peer) { put_lane(cx, peer, 1, base + l, v); });
   };
-  emit_lanes<F, 1>(
+  emit_lanes<F, 1, KL, W>(
       q, w.out.data_lanes, w.wire_lanes - w.out.data_lanes, [&](int64_t l, const uint2(&v)[1]) { emit(l, v[0]); },
       [&](int64_t sl, uint2 v) { emit(w.out.data_lanes + sl, v); });
 }
@@ -61,7 +61,7 @@ __device__ __forceinline__ void push_quantized_row(const CallCtx& cx, const Toke
 // bytes of spills, and a 128-token DP2 call took 1.23x the time (run 78 of results/shared_1xH100;
 // scripts/kernel_resources.py: with the bound no plain instance spills; 0 leaves the others as
 // they were).
-template <typename T, int F, int KL, int M, bool kOwn>
+template <typename T, int F, int KL, int W, int M, bool kOwn>
 __global__ void __launch_bounds__(kThreads, M == kRowsPlain ? 1 : 0)
     quant_gather(GroupArgs g, int op, int algorithm, int tp, int partial, const uint2* __restrict__ in,
                  const uint2* __restrict__ residual, const uint2* __restrict__ weight,
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kThreads, M == kRowsPlain ? 1 : 0)
   // Loaded before the counts and arrive(): their latency overlaps the prologue's.
   constexpr bool kSplits = M == kRowsPlain;  // (splits_rows: only plain rows' teams may split)
   const RowInput<T, F, KL, kSplits> early =
-      early_row_input<T, F, KL, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
+      early_row_input<T, F, KL, W, kSplits>(in, plan.from_row_zero, plan.fused, io, w.out.data_lanes);
   const float global_scale = global_scale_ptr ? *global_scale_ptr : 0.f;
   // Areas hold the larger of a partial input row (phase 0) and a wire row (phase 1).
   constexpr bool own = kOwn;
@@ -91,11 +91,11 @@ __global__ void __launch_bounds__(kThreads, M == kRowsPlain ? 1 : 0)
   arrive(cx, make_fingerprint(op, Lane<T>::kDType, quant_fields<F>(plan.fused, plan.replicated),
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
   if (own) publish_own_count(cx, io, s.rc, s.d);
-  stage_my_rows<T, F, KL, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
+  stage_my_rows<T, F, KL, W, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
                                    w.out.data_lanes, early, row, warp_buf, own,
                                    [&] { if (own) learn_counts(cx, io, tp, s.rc); },
                                    [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
-                                     push_quantized_row<F, KL>(cx, s, plan.replicated, r, owned, q, to, w);
+                                     push_quantized_row<F, KL, W>(cx, s, plan.replicated, r, owned, q, to, w);
                                    });
   HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own (replicated: of other DP groups).
@@ -135,12 +135,13 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_lanes);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr, [&](auto kl, auto m, auto own) {
-      return launch_kernel_smem(quant_gather<Elem, Fmt, decltype(kl)::value, decltype(m)::value, decltype(own)::value>,
-                                grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op, algorithm, tp,
-                                partial,
-                                (const uint2*)in, (const uint2*)residual, (const uint2*)weight, (uint2*)residual_out,
-                                eps, global_scale, w, io);
+    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr,
+                                       [&](auto kl, auto team, auto m, auto own) {
+      const auto kernel = quant_gather<Elem, Fmt, decltype(kl)::value, decltype(team)::value, decltype(m)::value,
+                                       decltype(own)::value>;
+      return launch_kernel_smem(kernel, grid.blocks, grid.threads, quant_staging_bytes(hidden), stream, pdl, *g, op,
+                                algorithm, tp, partial, (const uint2*)in, (const uint2*)residual,
+                                (const uint2*)weight, (uint2*)residual_out, eps, global_scale, w, io);
     });
   }));
   return status;

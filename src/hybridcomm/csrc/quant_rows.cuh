@@ -108,15 +108,65 @@ __device__ __forceinline__ void for_each_receiver(const CallCtx& cx, const Token
 }
 
 // -- a row team ----------------------------------------------------------------------------------
-// A row is worked by a team of kThreads consecutive threads of the grid: one block, or, where
-// splits_rows allows, 2 or 4 blocks of 256 or 128 threads (quant_grid), so that a call of few
-// rows spreads over more SMs (launch.cuh spread_grid: why that pays). Team row_team() works rows
-// first + row_team(), then row_teams() on; its thread row_thread() holds the data lanes below.
+// A row is worked by a team of W consecutive threads of the grid (W: a kernel instance's
+// template argument, team_threads). Most teams are one block of W = kThreads threads. Where
+// splits_rows allows, a team is 2 or 4 blocks of 256 or 128 threads (quant_grid), so that a call
+// of few rows spreads over more SMs (launch.cuh spread_grid: why that pays). Plain rows that hold
+// at most 256 data lanes have teams of W = 256 (team_threads): two teams share a 512-thread
+// block, so no thread of a team is without a lane. Team row_team() works rows first + row_team(),
+// then row_teams() on; its thread row_thread() holds the data lanes below.
 __device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
-__device__ __forceinline__ int64_t row_team() { return team_grid_thread() / kThreads; }
-__device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / kThreads; }
-__device__ __forceinline__ int row_thread() { return (int)(team_grid_thread() % kThreads); }
-__device__ __forceinline__ bool team_split() { return blockDim.x < kThreads; }
+template <int W>
+__device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / W; }
+// Narrow teams are numbered first halves first: team t < row_teams() / 2 is the first half of the
+// grid's t-th kThreads threads, where a team of kThreads would have worked (quant_grid sizes the
+// grid for those), so that a call of fewer rows than that puts them on the same blocks. Numbered
+// in grid order instead, the rows of a 33-token call sat on the first 33 blocks, where the
+// receive loop's items are too, and it took 1.10-1.18x the time (run 83 of results/shared_1xH100).
+template <int W>
+__device__ __forceinline__ int64_t row_team() {
+  constexpr int kPerFullTeam = kThreads / W;
+  const int64_t h = team_grid_thread() / W;
+  return h % kPerFullTeam * (row_teams<W>() / kPerFullTeam) + h / kPerFullTeam;
+}
+template <int W>
+__device__ __forceinline__ int row_thread() { return (int)(team_grid_thread() % W); }
+template <int W>
+__device__ __forceinline__ bool team_split() { return blockDim.x < W; }
+// Whether a block holds several teams, whose barriers must then be the team's own (team_any).
+template <int W>
+__device__ __forceinline__ bool team_shares_block() { return W < kThreads && blockDim.x > W; }
+
+// The team's threads in this block meet (a named barrier per team: a block of several teams
+// must not wait for a team that works a row fewer) and learn whether any of them has `v`. A
+// split team's blocks each decide alone, as __syncthreads_or does for a team of one block.
+template <int W>
+__device__ __forceinline__ bool team_any(bool v) {
+  if (!team_shares_block<W>()) return __syncthreads_or(v) != 0;
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(any)
+      : "r"((uint32_t)v), "r"(1 + (int)threadIdx.x / W), "r"(W)
+      : "memory");
+  return any != 0;
+}
+
+// The largest v over the team's threads in this block (block_max, team by team where a block
+// holds several: warp_buf's entries of the team's warps, each team at its own named barrier).
+template <int W>
+__device__ __forceinline__ float team_max(float v, float* warp_buf) {
+  if (!team_shares_block<W>()) return block_max(v, warp_buf);
+  v = group_max(v, 32);
+  const int lane = threadIdx.x & 31, first_warp = (int)(threadIdx.x / W) * (W / 32);
+  const auto meet = [&] { asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)threadIdx.x / W), "r"(W) : "memory"); };
+  if (lane == 0) warp_buf[threadIdx.x >> 5] = v;
+  meet();
+  const float m = group_max(warp_buf[first_warp + (lane < W / 32 ? lane : 0)], 32);
+  meet();  // warp_buf is reused by the next row
+  return m;
+}
 
 // fp8 rows of a split team: each block takes the row's max (the token's scale) itself, over the
 // row's whole input -- each thread its share, lanes threadIdx.x + j * blockDim.x, j < kShareLoads
@@ -151,8 +201,9 @@ inline bool splits_rows(int mode, int64_t row_lanes) {
 template <int F>
 constexpr int kLanesPerThread = (kMaxQuantHidden / QuantTraits<F>::kPerLane + kThreads - 1) / kThreads;
 
-// Data lane k of this thread (k < KL).
-__device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)row_thread() + (int64_t)k * kThreads; }
+// Data lane k of this thread (k < KL) in a team of W threads.
+template <int W>
+__device__ __forceinline__ int64_t my_lane(int k) { return (int64_t)row_thread<W>() + (int64_t)k * W; }
 
 // The input lanes (8 bytes of T) of a thread's data lanes of one row, as loaded; in an instance
 // whose teams may split (S: plain rows), an fp8 row of one lane a thread also holds the thread's
@@ -167,20 +218,20 @@ struct RowInput {
 };
 
 // Row r of `in` (zeros at in_rows and beyond, and past data_lanes): the input of my data lanes.
-template <typename T, int F, int KL, bool S>
+template <typename T, int F, int KL, int W, bool S>
 __device__ __forceinline__ RowInput<T, F, KL, S> load_row_input(const uint2* __restrict__ in, int64_t r,
                                                             const RowsArg& io, int64_t data_lanes) {
   using In = RowInput<T, F, KL, S>;
   In x;
 #pragma unroll
   for (int k = 0; k < In::kK; ++k) {
-    const int64_t l = my_lane(k);
+    const int64_t l = my_lane<W>(k);
     const bool ok = r < io.in_rows && l < data_lanes;
 #pragma unroll
     for (int j = 0; j < In::kIn; ++j) x.raw[k][j] = ok ? in[r * io.row_lanes + l * In::kIn + j] : make_uint2(0, 0);
   }
   if constexpr (In::kShare > 0) {
-    if (!team_split()) return x;
+    if (!team_split<W>()) return x;
 #pragma unroll
     for (int j = 0; j < In::kShare; ++j) {
       const int64_t i = (int64_t)threadIdx.x + (int64_t)j * blockDim.x;
@@ -217,7 +268,7 @@ struct RowValues {
 // My input lanes' values: summed over tp (reduce: the partial lanes of my DP group's other tp
 // ranks arrive in LL area 0, summed in tp order and rounded once to T, as stage_row does), or
 // as they are. Row r of my group; `x` its input, loaded by load_row_input.
-template <typename T, int F, int KL, bool S>
+template <typename T, int F, int KL, int W, bool S>
 __device__ __forceinline__ RowValues<F, KL> row_values(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
                                                        RowInput<T, F, KL, S> x, int64_t data_lanes) {
   using In = RowInput<T, F, KL, S>;
@@ -228,12 +279,12 @@ __device__ __forceinline__ RowValues<F, KL> row_values(const CallCtx& cx, const 
     // selection, so x stays in registers.
 #pragma unroll 1
     for (int q = 0; q < KL * In::kIn; ++q) {
-      if (my_lane(q / In::kIn) >= data_lanes) continue;
+      if (my_lane<W>(q / In::kIn) >= data_lanes) continue;
       uint2 local = x.raw[0][0];
 #pragma unroll
       for (int p = 1; p < KL * In::kIn; ++p) local = p == q ? x.raw[p / In::kIn][p % In::kIn] : local;
       float acc[4];
-      sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, (r * data_lanes + my_lane(q / In::kIn)) * In::kIn + q % In::kIn,
+      sum_sources<T>(cx, 0, s.tp, s.t, s.d * s.tp, (r * data_lanes + my_lane<W>(q / In::kIn)) * In::kIn + q % In::kIn,
                      local, acc);
       const uint2 sum = Lane<T>::pack(acc);  // rounded once to T
 #pragma unroll
@@ -257,15 +308,15 @@ __device__ __forceinline__ RowValues<F, KL> row_values(const CallCtx& cx, const 
 }
 
 // My data lanes' values of the row staged in shared memory (the fused path: stage_row).
-template <int F, int KL>
+template <int F, int KL, int W>
 __device__ __forceinline__ RowValues<F, KL> staged_values(const float* row, int64_t data_lanes) {
   using Values = RowValues<F, KL>;
   Values out;
 #pragma unroll
   for (int k = 0; k < KL; ++k) {
-    const bool ok = my_lane(k) < data_lanes;
+    const bool ok = my_lane<W>(k) < data_lanes;
 #pragma unroll
-    for (int e = 0; e < Values::kN; ++e) out.v[k][e] = ok ? row[my_lane(k) * Values::kN + e] : 0.f;
+    for (int e = 0; e < Values::kN; ++e) out.v[k][e] = ok ? row[my_lane<W>(k) * Values::kN + e] : 0.f;
   }
   return out;
 }
@@ -314,7 +365,7 @@ struct QuantizedLanes {
 // x.others, the whole row's when the team is split); the block formats' scales come from
 // shuffles, in warps of the row's consecutive lanes. Every thread of the team calls this
 // (block max, shuffles).
-template <int F, int KL>
+template <int F, int KL, int W>
 __device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, KL>& x, int64_t data_lanes,
                                                              float global_scale, float* warp_buf) {
   constexpr int kK = KL, kN = RowValues<F, KL>::kN;
@@ -330,14 +381,14 @@ __device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, 
     float a = fmaxf(x.others, amax[0]);
 #pragma unroll
     for (int k = 1; k < kK; ++k) a = fmaxf(a, amax[k]);
-    token = fp8_scale(block_max(a, warp_buf));
+    token = fp8_scale(team_max<W>(a, warp_buf));
   }
   QuantizedLanes<KL> q;
 #pragma unroll
   for (int k = 0; k < kK; ++k) {
     q.data[k] = q.scale[k] = make_uint2(0, 0);
-    if ((int64_t)k * kThreads >= data_lanes) continue;  // uniform over the block
-    const int64_t l = my_lane(k);
+    if ((int64_t)k * W >= data_lanes) continue;  // uniform over the team
+    const int64_t l = my_lane<W>(k);
     const bool mine = l < data_lanes;
     // The codes and nvfp4's lane scale only where the lane is the row's (half a team's threads
     // hold none at nvfp4 4096): computed by every thread and selected after, they cost ~270
@@ -370,14 +421,14 @@ __device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, 
 // shuffle, and even threads emit), then emit_scale(s, v) for the wire's scale lanes s <
 // scale_lanes (8 bytes each; zeros past the row's scale bytes). Every thread of the team calls
 // this (shuffles); no barrier follows the emits.
-template <int F, int K, int KL, typename EmitData, typename EmitScale>
+template <int F, int K, int KL, int W, typename EmitData, typename EmitScale>
 __device__ __forceinline__ void emit_lanes(const QuantizedLanes<KL>& q, int64_t data_lanes, int64_t scale_lanes,
                                            EmitData emit_data, EmitScale emit_scale) {
   static_assert(K == 1 || K == 2, "an item is one lane or a pair of lanes");
 #pragma unroll
   for (int k = 0; k < KL; ++k) {
-    if ((int64_t)k * kThreads >= data_lanes) break;  // uniform over the block
-    const int64_t l = my_lane(k);
+    if ((int64_t)k * W >= data_lanes) break;  // uniform over the team
+    const int64_t l = my_lane<W>(k);
     const bool mine = l < data_lanes;
     if constexpr (K == 1) {
       if (mine) emit_data(l, {q.data[k]});
@@ -400,7 +451,7 @@ enum EmitTo : int { kToReceivers = 1, kToMine = 2, kToBoth = 3 };
 // LL area 0), plus the residual and RMSNorm when fused (residual_out written), rounded to T as
 // the reference's result is.
 // `early`: row row_team()'s lanes of this thread, loaded before arrive() (early_row_input: lane
-// threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]). A team of one block.
+// threadIdx.x + m * kThreads is early.raw[m / kIn][m % kIn]). A team of one block (kThreads).
 template <typename T, int F, int KL, bool S>
 __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s, bool reduce, int64_t r,
                                           const uint2* __restrict__ in, const RowInput<T, F, KL, S>& early,
@@ -410,7 +461,7 @@ __device__ __forceinline__ void stage_row(const CallCtx& cx, const TokenShape& s
   using In = RowInput<T, F, KL, S>;
   constexpr int kN = Lane<T>::kN;
   // (fused, every row of the group is staged: the team's first row is r == row_team())
-  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == row_team();
+  const bool in_bounds = r < io.in_rows, fused = weight != nullptr, early_row = r == row_team<kThreads>();
   float sumsq = 0.f;
   int m = 0;  // (kThreads == blockDim.x)
   for (int64_t l = threadIdx.x; l < s.row_lanes; l += blockDim.x, ++m) {
@@ -478,13 +529,13 @@ template <typename T, int F, int KL, bool S>
 __device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenShape& s, const RowInput<T, F, KL, S>& x,
                                                int64_t data_lanes, uint2* staging) {
   using In = RowInput<T, F, KL, S>;
-  const int64_t r = row_team();  // (a team of one block)
+  const int64_t r = row_team<kThreads>();  // (summed rows: a team of one block)
   if (r >= s.rc.count(s.d)) return;  // (uniform over the block)
 #pragma unroll
   for (int k = 0; k < KL; ++k) {
-    if (my_lane(k) >= data_lanes) continue;
+    if (my_lane<kThreads>(k) >= data_lanes) continue;
 #pragma unroll
-    for (int j = 0; j < In::kIn; ++j) staging[my_lane(k) * In::kIn + j] = x.raw[k][j];
+    for (int j = 0; j < In::kIn; ++j) staging[my_lane<kThreads>(k) * In::kIn + j] = x.raw[k][j];
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < s.row_lanes; i += blockDim.x)
@@ -496,14 +547,14 @@ __device__ __forceinline__ void push_first_row(const CallCtx& cx, const TokenSha
 // staged: from_row_zero; else stage_my_rows loads it, at my chunk's first row). Rows not fused:
 // my data lanes (load_row_input); fused: the lanes stage_row reads, threadIdx.x + m * kThreads
 // (m < KL * kIn: the row has KL * kIn * kThreads lanes at most), in raw[m / kIn][m % kIn].
-template <typename T, int F, int KL, bool S>
+template <typename T, int F, int KL, int W, bool S>
 __device__ __forceinline__ RowInput<T, F, KL, S> early_row_input(const uint2* __restrict__ in, bool from_row_zero,
                                                                  bool fused, const RowsArg& io, int64_t data_lanes) {
   using In = RowInput<T, F, KL, S>;
   if (!from_row_zero) return In{};
-  if (!fused) return load_row_input<T, F, KL, S>(in, row_team(), io, data_lanes);
+  if (!fused) return load_row_input<T, F, KL, W, S>(in, row_team<W>(), io, data_lanes);
   In x;
-  const int64_t r = row_team();  // (a team of one block)
+  const int64_t r = row_team<kThreads>();  // (fused: a team of one block)
 #pragma unroll
   for (int m = 0; m < KL * In::kIn; ++m) {
     const int64_t l = (int64_t)threadIdx.x + (int64_t)m * kThreads;
@@ -528,7 +579,7 @@ __device__ __forceinline__ RowInput<T, F, KL, S> early_row_input(const uint2* __
 // Not fused, a row is loaded into registers while the previous one is quantized and sent; fused,
 // it is staged in shared memory (stage_row: the norm's sum runs in gather_fused's order, over
 // lanes strided by the block).
-template <typename T, int F, int KL, bool S, typename Learn, typename Send>
+template <typename T, int F, int KL, int W, bool S, typename Learn, typename Send>
 __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShape& s, const RowPlan& plan,
                                               const uint2* __restrict__ in, const uint2* __restrict__ residual,
                                               const uint2* __restrict__ weight, uint2* __restrict__ residual_out,
@@ -539,28 +590,28 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   const bool reduce = plan.reduce, fused = plan.fused, replicated = plan.replicated, every_row = plan.every_row;
   const int64_t first = every_row ? 0 : chunk_begin(rows, s.t, s.tp);
   const int64_t last = every_row ? rows : chunk_begin(rows, s.t + 1, s.tp);
-  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL, S>(in, first + row_team(), io, data_lanes);
+  if (!every_row && s.tp > 1) next = load_row_input<T, F, KL, W, S>(in, first + row_team<W>(), io, data_lanes);
   if (reduce && !fused && replicated) {  // my first row from registers, the rest (more rows than blocks) loaded
     push_first_row<T, F, KL>(cx, s, next, data_lanes, reinterpret_cast<uint2*>(row));
-    send_partial_lanes(cx, s, true, in, io.in_lanes(), row_teams());
+    send_partial_lanes(cx, s, true, in, io.in_lanes(), row_teams<kThreads>());
   } else if (reduce) {
     send_partial_lanes(cx, s, replicated, in, io.in_lanes(), 0);
   }
-  const int64_t teams = row_teams();
+  const int64_t teams = row_teams<W>();
   // Row r's values, staged; not fused, the input of my next row is loaded meanwhile.
   const auto values = [&](int64_t r) {
     RowValues<F, KL> x;
     if (fused) {
       stage_row<T, F, KL>(cx, s, reduce, r, in, next, residual, weight, residual_out, eps, io, row, warp_buf);
       __syncthreads();  // the staged row is complete
-      x = staged_values<F, KL>(row, data_lanes);
+      x = staged_values<F, KL, W>(row, data_lanes);
       __syncthreads();  // read: the next row may be staged
     } else {
       const RowInput<T, F, KL, S> input = next;
-      if (r + teams < last) next = load_row_input<T, F, KL, S>(in, r + teams, io, data_lanes);
-      x = row_values<T, F, KL>(cx, s, reduce, r, input, data_lanes);
+      if (r + teams < last) next = load_row_input<T, F, KL, W, S>(in, r + teams, io, data_lanes);
+      x = row_values<T, F, KL, W>(cx, s, reduce, r, input, data_lanes);
       if constexpr (RowInput<T, F, KL, S>::kShare > 0) {
-        if (!reduce && team_split()) x.others = share_amax(input);  // (a split team: plain rows)
+        if (!reduce && team_split<W>()) x.others = share_amax(input);  // (a split team: plain rows)
       }
     }
     return x;
@@ -569,8 +620,8 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   // check cx.aborted). Checked before the quantizing, whose code the compiler then keeps in
   // the threads that hold a lane of the row.
   const auto quantized = [&](const RowValues<F, KL>& x) {
-    cx.block_aborted();  // (uniform over the block)
-    return quantize_lanes<F, KL>(x, data_lanes, global_scale, warp_buf);
+    cx.aborted = team_any<W>(cx.aborted);  // (uniform over the team)
+    return quantize_lanes<F, KL, W>(x, data_lanes, global_scale, warp_buf);
   };
   // owned: the row is in my chunk (not fused: every row I stage is mine or, replicated, sent).
   const auto owned = [&](int64_t r) { return !every_row || chunk_owner(r, rows, s.tp) == s.t; };
@@ -580,7 +631,7 @@ __device__ __forceinline__ void stage_my_rows(const CallCtx& cx, const TokenShap
   // mismatch error, not a timeout), a fused instance would hold the staging and quantizing
   // code twice, and with given counts learn() waits for nothing: there the first row would
   // only pay a second pass of emits.
-  int64_t r = first + row_team();
+  int64_t r = first + row_team<W>();
   const bool early = own && !reduce && !fused && r < last;  // (uniform over the team)
   QuantizedLanes<KL> q0;
   if (early) {
@@ -643,17 +694,32 @@ __device__ __forceinline__ int quant_fields(bool fused, bool replicated, bool lo
 // Dynamic shared memory of both kernels: a fused row, staged (fp32).
 inline size_t quant_staging_bytes(int64_t hidden) { return (size_t)hidden * sizeof(float); }
 
-// launch(std::integral_constant<int, KL>{}) with KL the data lanes per thread of rows of
-// `data_lanes` lanes (1 .. kLanesPerThread<F>; the kernels' instances).
-template <int F, typename Launch>
-int with_lanes_per_thread(int64_t data_lanes, Launch launch) {
+// The threads of a row team, a kernel instance's W: plain rows of at most kNarrowTeam data lanes
+// (nvfp4 hidden <= 4096, the fp8 formats <= 2048) have teams of kNarrowTeam, two a full block;
+// every other row a team of kThreads, half of whose threads would hold no lane there. Why:
+// docs/quantization.md ("Row teams").
+constexpr int kNarrowTeam = 256;
+inline int team_threads(int mode, int64_t data_lanes) {
+  return mode == kRowsPlain && data_lanes <= kNarrowTeam ? kNarrowTeam : kThreads;
+}
+
+// launch(KL, W) as std::integral_constants: the row team of rows of `data_lanes` lanes in RowMode
+// M -- W threads (team_threads), each holding KL = ceil(data_lanes / W) lanes (1 ..
+// kLanesPerThread<F>: the kernels' instances).
+template <int F, int M, typename Launch>
+int with_row_team(int64_t data_lanes, Launch launch) {
+  using One = std::integral_constant<int, 1>;
+  using Full = std::integral_constant<int, kThreads>;
+  if constexpr (M == kRowsPlain) {  // (only plain rows have narrow teams: no instance of the others)
+    if (team_threads(M, data_lanes) == kNarrowTeam) return launch(One{}, std::integral_constant<int, kNarrowTeam>{});
+  }
   const int64_t kl = ceil_div(data_lanes, kThreads);
-  if (kl <= 1) return launch(std::integral_constant<int, 1>{});
+  if (kl <= 1) return launch(One{}, Full{});
   if constexpr (kLanesPerThread<F> >= 2) {
-    if (kl == 2) return launch(std::integral_constant<int, 2>{});
+    if (kl == 2) return launch(std::integral_constant<int, 2>{}, Full{});
   }
   if constexpr (kLanesPerThread<F> >= 3) {
-    if (kl == 3) return launch(std::integral_constant<int, 3>{});
+    if (kl == 3) return launch(std::integral_constant<int, 3>{}, Full{});
   }
   static_assert(kLanesPerThread<F> <= 3, "an instance per lane count");
   return (int)cudaErrorInvalidValue;
@@ -667,14 +733,15 @@ int with_row_mode(int mode, Launch launch) {
   return launch(std::integral_constant<int, kRowsPlain>{});
 }
 
-// launch(KL, M, OWN) as std::integral_constants: the kernel instance for rows of `data_lanes`
-// lanes in RowMode `mode`, in own-count mode or not (own_count.cuh: an instance each, so the
-// given-count instances hold none of own-count mode's code; stage_my_rows' first row is some).
+// launch(KL, W, M, OWN) as std::integral_constants: the kernel instance for rows of `data_lanes`
+// lanes in RowMode `mode` (its row team: with_row_team), in own-count mode or not (own_count.cuh:
+// an instance each, so the given-count instances hold none of own-count mode's code;
+// stage_my_rows' first row is some).
 template <int F, typename Launch>
 int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) {
-  return with_lanes_per_thread<F>(data_lanes, [&](auto kl) {
-    return with_row_mode(mode, [&](auto m) {
-      return own ? launch(kl, m, std::true_type{}) : launch(kl, m, std::false_type{});
+  return with_row_mode(mode, [&](auto m) {
+    return with_row_team<F, decltype(m)::value>(data_lanes, [&](auto kl, auto w) {
+      return own ? launch(kl, w, m, std::true_type{}) : launch(kl, w, m, std::false_type{});
     });
   });
 }
@@ -684,8 +751,11 @@ int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) 
 // enough threads for one wire item (lane or unit) each of the rows it receives -- all but its
 // own chunk, where the counts are on the host -- at most one block per SM (blocks_for). Where
 // teams may be split (`split`: splits_rows) the smallest of spread_grid's block sizes whose grid
-// fits max_blocks, a team being kThreads / threads blocks (row_team); else full blocks.
-// What the split saves, measured: docs/quantization.md ("Row teams").
+// fits max_blocks, a 512-thread team being kThreads / threads blocks (row_team); else full
+// blocks. Narrow teams (team_threads) run in the same grid: what was one team's is two teams'
+// (a block of 256 threads one team, a full block two). Sized for them (fewer blocks a row), the
+// grid of 16-33 tokens had half the blocks, and those calls took up to 1.3x the time (run 83 of
+// results/shared_1xH100). What the split saves, measured: docs/quantization.md ("Row teams").
 inline Grid quant_grid(const RowsArg& io, const GroupArgs& g, int tp, const RowPlan& plan, bool split,
                        int64_t items_per_row) {
   const int dp = g.nranks / tp;
