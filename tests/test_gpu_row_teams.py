@@ -3,10 +3,11 @@
 to 8 KB of input a row, are worked by teams of 512 threads that span 4 blocks of 128 or 2 of 256
 threads when the grid fits the SM budget that way, else by full blocks (splits_rows). Plain rows
 of at most 256 data lanes (nvfp4 up to hidden 4096, the fp8 formats up to 2048) have teams of
-256 threads (team_threads) in the same grids: 2 blocks of 128, one of 256, or two teams in a full
-block, each meeting at its own barrier. With max_sms=16 the counts below put each kernel (`quant`
-on LL, `quant_lamport`) in every band; 41 rows give the two teams of one block different numbers
-of rows (a barrier shared by the block would hang there).
+256 threads, of at most 128 lanes (nvfp4 up to 2048, fp8 up to 1024) teams of 128
+(team_threads), in the same grids: 2 blocks of 128 or one block, or two to four teams in a
+block, each meeting at its own barrier. With max_sms=16 the counts below put each kernel
+(`quant` on LL, `quant_lamport`) in every band; 41 rows give the teams of one block different
+numbers of rows (a barrier shared by the block would hang there).
 
 What a split team could get wrong: a lane that no block of the team covers (outputs are
 poisoned first), an fp8 row's max taken over less than the whole row (each block of the team
@@ -34,8 +35,9 @@ pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 WORLD = gpu_world()
 MAX_SMS = 16
 # Largest counts: a team of 4 x 128 threads (1-3 rows), of 2 x 256 (6), full blocks (12, 40, 41);
-# narrow teams in the same grids: 2 x 128 (1-3), one block of 256 (6), two a full block (12, 40,
-# 41: 16 blocks, and teams 8 and 9 of 32 hold 2 and 1 rows).
+# 256-thread teams in the same grids: 2 x 128 (1-3), one block of 256 (6), two a full block (12,
+# 40, 41: 16 blocks, and teams 8 and 9 of 32 hold 2 and 1 rows); 128-thread teams one a block of
+# 128, two of 256, four of 512 (41 rows: teams 8 and 9 of 64 hold 2 and 1).
 ROWS = (1, 3, 6, 12, 40, 41)
 ALGORITHM = {"quant_ll": "quant", "lamport": "quant_lamport"}
 
@@ -54,7 +56,8 @@ def _shapes() -> list[tuple[str, int, str, tuple[int, ...]]]:
     shapes += [(fmt, 4096, dtype, (1, 3)) for fmt in ("fp8", "fp8_block128", "nvfp4")
                for dtype in ("float16", "float32")]
     shapes += [("fp8", 2048, "float32", (1, 3))]
-    shapes += [(fmt, 2048, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128")]  # narrow teams
+    shapes += [(fmt, 2048, "bfloat16", ROWS) for fmt in ("fp8", "fp8_block128")]  # 256-thread teams
+    shapes += [("nvfp4", 2048, "bfloat16", ROWS), ("fp8", 1024, "bfloat16", ROWS)]  # 128-thread teams
     return shapes
 
 
@@ -122,11 +125,12 @@ def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_coun
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("own_counts", [False, True], ids=["all-counts", "own-count"])
 @pytest.mark.parametrize("table", sorted(ALGORITHM))
-@pytest.mark.parametrize("fmt, hidden", [("nvfp4", 4096), ("fp8", 2048), ("fp8_block128", 1024)])
+@pytest.mark.parametrize("fmt, hidden", [("nvfp4", 4096), ("fp8", 2048), ("nvfp4", 2048), ("fp8_block128", 1024)])
 def test_narrow_teams_in_graph_replays_with_new_counts(pool, fmt, hidden, table, own_counts):
-    """One graph of narrow teams in full blocks (capacity 256 rows a DP group: full blocks on any
-    SM budget, and the most that fits the LL areas for nvfp4), replayed with random counts of
-    0-256 rows per group: the two teams of a block often work different numbers of rows."""
+    """One graph of narrow teams (256 threads; 128 for nvfp4 2048 and fp8_block128 1024) in full
+    blocks (capacity 256 rows a DP group: full blocks on any SM budget, and the most that fits the
+    LL areas for nvfp4 4096), replayed with random counts of 0-256 rows per group: the teams of a
+    block often work different numbers of rows."""
     _replays_match_the_oracle(pool, fmt, hidden, 256, 7, table, own_counts)
 
 

@@ -111,16 +111,17 @@ __device__ __forceinline__ void for_each_receiver(const CallCtx& cx, const Token
 // A row is worked by a team of W consecutive threads of the grid (W: a kernel instance's
 // template argument, team_threads). Most teams are one block of W = kThreads threads. Where
 // splits_rows allows, a team is 2 or 4 blocks of 256 or 128 threads (quant_grid), so that a call
-// of few rows spreads over more SMs (launch.cuh spread_grid: why that pays). Plain rows that hold
-// at most 256 data lanes have teams of W = 256 (team_threads): two teams share a 512-thread
-// block, so no thread of a team is without a lane. Team row_team() works rows first + row_team(),
-// then row_teams() on; its thread row_thread() holds the data lanes below.
+// of few rows spreads over more SMs (launch.cuh spread_grid: why that pays). Plain rows of at most
+// 256 or 128 data lanes have teams of W = 256 or 128 (team_threads): two or four teams share a
+// 512-thread block, so that no team holds half a team of threads without a lane. Team row_team()
+// works rows first + row_team(), then row_teams() on; its thread row_thread() holds the data lanes
+// below.
 __device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
 template <int W>
 __device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / W; }
-// Narrow teams are numbered first halves first: team t < row_teams() / 2 is the first half of the
-// grid's t-th kThreads threads, where a team of kThreads would have worked (quant_grid sizes the
-// grid for those), so that a call of fewer rows than that puts them on the same blocks. Numbered
+// Narrow teams are numbered first parts first: team t < row_teams() * W / kThreads is the first
+// part of the grid's t-th kThreads threads, where a team of kThreads would have worked (quant_grid
+// sizes the grid for those), so that a call of fewer rows than that puts them on the same blocks. Numbered
 // in grid order instead, the rows of a 33-token call sat on the first 33 blocks, where the
 // receive loop's items are too, and it took 1.10-1.18x the time (run 83 of results/shared_1xH100).
 template <int W>
@@ -694,13 +695,18 @@ __device__ __forceinline__ int quant_fields(bool fused, bool replicated, bool lo
 // Dynamic shared memory of both kernels: a fused row, staged (fp32).
 inline size_t quant_staging_bytes(int64_t hidden) { return (size_t)hidden * sizeof(float); }
 
-// The threads of a row team, a kernel instance's W: plain rows of at most kNarrowTeam data lanes
-// (nvfp4 hidden <= 4096, the fp8 formats <= 2048) have teams of kNarrowTeam, two a full block;
-// every other row a team of kThreads, half of whose threads would hold no lane there. Why:
-// docs/quantization.md ("Row teams").
-constexpr int kNarrowTeam = 256;
+// The threads of a row team, a kernel instance's W: plain rows have teams of the narrowest of
+// kNarrowTeams that holds every lane of the row -- 128 threads, four a full block, for at most
+// 128 data lanes (nvfp4 hidden <= 2048, the fp8 formats <= 1024), 256, two a block, for at most
+// 256 (nvfp4 <= 4096, fp8 <= 2048) -- where a team of kThreads would leave half or more of its
+// threads without a lane; every other row a team of kThreads. Why: docs/quantization.md
+// ("Narrow row teams").
+constexpr int kNarrowTeams[] = {128, 256};
 inline int team_threads(int mode, int64_t data_lanes) {
-  return mode == kRowsPlain && data_lanes <= kNarrowTeam ? kNarrowTeam : kThreads;
+  if (mode == kRowsPlain)
+    for (int w : kNarrowTeams)
+      if (data_lanes <= w) return w;
+  return kThreads;
 }
 
 // launch(KL, W) as std::integral_constants: the row team of rows of `data_lanes` lanes in RowMode
@@ -710,8 +716,11 @@ template <int F, int M, typename Launch>
 int with_row_team(int64_t data_lanes, Launch launch) {
   using One = std::integral_constant<int, 1>;
   using Full = std::integral_constant<int, kThreads>;
+  static_assert(kNarrowTeams[0] == 128 && kNarrowTeams[1] == 256, "an instance per narrow team");
   if constexpr (M == kRowsPlain) {  // (only plain rows have narrow teams: no instance of the others)
-    if (team_threads(M, data_lanes) == kNarrowTeam) return launch(One{}, std::integral_constant<int, kNarrowTeam>{});
+    const int w = team_threads(M, data_lanes);
+    if (w == 128) return launch(One{}, std::integral_constant<int, 128>{});
+    if (w == 256) return launch(One{}, std::integral_constant<int, 256>{});
   }
   const int64_t kl = ceil_div(data_lanes, kThreads);
   if (kl <= 1) return launch(One{}, Full{});
@@ -752,10 +761,11 @@ int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) 
 // own chunk, where the counts are on the host -- at most one block per SM (blocks_for). Where
 // teams may be split (`split`: splits_rows) the smallest of spread_grid's block sizes whose grid
 // fits max_blocks, a 512-thread team being kThreads / threads blocks (row_team); else full
-// blocks. Narrow teams (team_threads) run in the same grid: what was one team's is two teams'
-// (a block of 256 threads one team, a full block two). Sized for them (fewer blocks a row), the
-// grid of 16-33 tokens had half the blocks, and those calls took up to 1.3x the time (run 83 of
-// results/shared_1xH100). What the split saves, measured: docs/quantization.md ("Row teams").
+// blocks. Narrow teams (team_threads) run in the same grid: what was one team's is kThreads / W
+// teams' (a block of 256 threads one or two, a full block two or four). Sized for 256-thread
+// teams (fewer blocks a row), the grid of 16-33 tokens had half the blocks, and those calls took
+// up to 1.3x the time (run 83 of results/shared_1xH100). What the split saves, measured:
+// docs/quantization.md ("Row teams").
 inline Grid quant_grid(const RowsArg& io, const GroupArgs& g, int tp, const RowPlan& plan, bool split,
                        int64_t items_per_row) {
   const int dp = g.nranks / tp;
