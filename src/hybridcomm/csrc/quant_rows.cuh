@@ -120,10 +120,11 @@ __device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blo
 template <int W>
 __device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / W; }
 // Narrow teams are numbered first parts first: team t < row_teams() * W / kThreads is the first
-// part of the grid's t-th kThreads threads, where a team of kThreads would have worked (quant_grid
-// sizes the grid for those), so that a call of fewer rows than that puts them on the same blocks. Numbered
-// in grid order instead, the rows of a 33-token call sat on the first 33 blocks, where the
-// receive loop's items are too, and it took 1.10-1.18x the time (run 83 of results/shared_1xH100).
+// part of the grid's t-th kThreads threads, where a team of kThreads would have worked
+// (quant_grid sizes the grid for those: a whole number of kThreads), so that a call of fewer rows
+// than that puts them on the same blocks. Numbered in grid order instead, the rows of a 33-token
+// call sat on the first 33 blocks, where the receive loop's items are too, and it took
+// 1.10-1.18x the time (run 83 of results/shared_1xH100).
 template <int W>
 __device__ __forceinline__ int64_t row_team() {
   constexpr int kPerFullTeam = kThreads / W;
