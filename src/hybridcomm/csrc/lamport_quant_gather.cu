@@ -149,11 +149,11 @@ __global__ void __launch_bounds__(kThreads)
   arrive(lc.cx, make_fingerprint(op, Lane<T>::kDType, lc.algorithm(), s.variant(partial), s.rc.hash, width));
   if (own) publish_own_count(lc.cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL, W, kSplits>(lc.cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
-                                   w.out.data_lanes, early, row, warp_buf, own,
-                                   [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
-                                   [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
-                                     put_quantized_row<F, KL, W>(lc, s, plan.replicated, r, owned, q, to, w);
-                                   });
+                                      w.out.data_lanes, early, row, warp_buf, own,
+                                      [&] { if (own) learn_counts(lc.cx, io, tp, s.rc); },
+                                      [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
+                                        put_quantized_row<F, KL, W>(lc, s, plan.replicated, r, owned, q, to, w);
+                                      });
   HC_TRACE_EVENT(kTraceSent);
   refill_previous_slot(lc);
   HC_TRACE_EVENT(kTraceRefilled);

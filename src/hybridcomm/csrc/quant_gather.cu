@@ -92,11 +92,11 @@ __global__ void __launch_bounds__(kThreads, M == kRowsPlain ? 1 : 0)
                               s.variant(partial), s.rc.hash, (uint64_t)io.row_lanes * 8));
   if (own) publish_own_count(cx, io, s.rc, s.d);
   stage_my_rows<T, F, KL, W, kSplits>(cx, s, plan, in, residual, weight, residual_out, eps, global_scale, io,
-                                   w.out.data_lanes, early, row, warp_buf, own,
-                                   [&] { if (own) learn_counts(cx, io, tp, s.rc); },
-                                   [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
-                                     push_quantized_row<F, KL, W>(cx, s, plan.replicated, r, owned, q, to, w);
-                                   });
+                                      w.out.data_lanes, early, row, warp_buf, own,
+                                      [&] { if (own) learn_counts(cx, io, tp, s.rc); },
+                                      [&](int64_t r, const QuantizedLanes<KL>& q, bool owned, int to) {
+                                        push_quantized_row<F, KL, W>(cx, s, plan.replicated, r, owned, q, to, w);
+                                      });
   HC_TRACE_EVENT(kTraceSent);
   // Phase 1: the rows other ranks own (replicated: of other DP groups).
   for_each_foreign_item(s, g.me, plan.replicated, w.wire_lanes,
