@@ -123,8 +123,8 @@ __device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x /
 // part of the grid's t-th kThreads threads, where a team of kThreads would have worked
 // (quant_grid sizes the grid for those: a whole number of kThreads), so that a call of fewer rows
 // than that puts them on the same blocks. Numbered in grid order instead, the rows of a 33-token
-// call sat on the first 33 blocks, where the receive loop's items are too, and it took
-// 1.10-1.18x the time (run 83 of results/shared_1xH100).
+// call sat two to a block on the first 17 blocks, which also hold the receive loop's items, and
+// it took 1.10-1.18x the time (run 83 of results/shared_1xH100).
 template <int W>
 __device__ __forceinline__ int64_t row_team() {
   constexpr int kPerFullTeam = kThreads / W;
@@ -764,7 +764,7 @@ int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) 
 // fits max_blocks, a 512-thread team being kThreads / threads blocks (row_team); else full
 // blocks. Narrow teams (team_threads) run in the same grid: what was one team's is kThreads / W
 // teams' (a block of 256 threads one or two, a full block two or four). Sized for 256-thread
-// teams (fewer blocks a row), the grid of 16-33 tokens had half the blocks, and those calls took
+// teams (fewer blocks a row), the grid of 16-33 tokens had about half the threads, and those calls took
 // up to 1.3x the time (run 83 of results/shared_1xH100). What the split saves, measured:
 // docs/quantization.md ("Row teams").
 inline Grid quant_grid(const RowsArg& io, const GroupArgs& g, int tp, const RowPlan& plan, bool split,
