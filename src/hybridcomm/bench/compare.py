@@ -74,12 +74,12 @@ def bracketed(main_1: dict, change: dict, main_2: dict) -> list[tuple[dict, floa
 
 
 def verdict(m1: float, c: float, m2: float) -> str:
-    """"faster" / "slower" where the change lies beyond both main runs by more than they differ
-    from each other; "" (within the drift) otherwise."""
+    """The change's time c between main's m1 and m2: "faster" / "slower" where it lies beyond both
+    by more than they differ from each other, "" (within the drift) otherwise."""
     drift = abs(m2 - m1)
-    if c < min(m1, m2) and min(m1, m2) - c > drift:
+    if min(m1, m2) - c > drift:
         return "faster"
-    if c > max(m1, m2) and c - max(m1, m2) > drift:
+    if c - max(m1, m2) > drift:
         return "slower"
     return ""
 
