@@ -53,6 +53,25 @@ def test_a_shared_bench_times_only_our_forced_algorithms():
     assert sorted(ours_only(calls, {"hc_norm": 0}, also=("hybridcomm", "hc_bf16"))) == ["hc_norm", "hybridcomm"]
 
 
+def test_a_shared_bench_keeps_default_calls_only_where_the_table_picks_our_kernels():
+    from types import SimpleNamespace
+
+    from hybridcomm.bench.shared import on_nvlink
+
+    comm, made = SimpleNamespace(last_choice=None), []
+
+    def call(name, backend):
+        def make():
+            made.append(name)
+            comm.last_choice = SimpleNamespace(backend=backend)
+        return make
+
+    calls = {"hc_bf16": call("hc_bf16", "reference"), "hybridcomm": call("hybridcomm", "nvlink"),
+             "nccl": call("nccl", "nccl")}
+    assert on_nvlink(calls, comm, ("hc_bf16", "hybridcomm")) == ("hybridcomm",)
+    assert made == ["hc_bf16", "hybridcomm"]  # each asked once, the others not made
+
+
 @pytest.mark.parametrize("kind", ["ops", "transitions", "quant"])
 def test_a_shared_runs_tables_say_so(kind):
     from hybridcomm.bench import report

@@ -187,10 +187,11 @@ def sweep_quant(layout_names: list[str], formats: list[str], hiddens: list[int],
             for label, counts in token_cases(layout, tokens):
                 for fmt in formats:
                     calls = _calls(comm, forced_comms, counts, hidden, fmt, symm, plain, counts_mode)
-                    # The bytes floor (quant_floor.py) reads hybridcomm and hc_bf16: our kernels wherever the
-                    # table picks nvlink for them (shared.ours_only).
+                    # The bytes floor (quant_floor.py) reads hybridcomm and hc_bf16: kept where the table
+                    # picks our kernels for them (shared.on_nvlink).
                     if share_gpus:
-                        calls = shared.ours_only(calls, forced_comms, also=("hc_bf16", "hybridcomm"))
+                        calls = shared.ours_only(calls, forced_comms,
+                                                 also=shared.on_nvlink(calls, comm, ("hc_bf16", "hybridcomm")))
                     names = sorted(calls)
                     us = timing.max_over_ranks([timing.graph_us(calls[k], _calls_per_graph(k, counts, hidden))
                                                 for k in names])

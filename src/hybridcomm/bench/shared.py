@@ -56,6 +56,20 @@ def description(world_size: int) -> dict:
 
 def ours_only(calls: dict, forced: dict, also: tuple[str, ...] = ()) -> dict:
     """The calls of our forced Communicators (the only ones that run with ranks sharing a GPU),
-    and those named in `also`: calls of a default Communicator, which run our kernels wherever
-    its table picks an nvlink rule (beyond that it would pick NCCL, and fail)."""
+    and those named in `also`: calls of a default Communicator that run our kernels (on_nvlink)."""
     return {name: call for name, call in calls.items() if name in forced or name in also}
+
+
+def on_nvlink(calls: dict, comm, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of `names` (calls of the default Communicator `comm`) that its table sends to our
+    kernels at this size, each made once to see (`comm.last_choice`). Beyond our kernels' sizes
+    the table picks NCCL, which ranks sharing a GPU cannot run: the call falls back to the
+    reference backend over gloo, which a CUDA graph cannot capture (hidden 7168 x 1024 tokens
+    stopped `bench quant --share-gpus` so, run 84 of results/shared_1xH100). Collective: every
+    rank asks for the same calls."""
+    kept = []
+    for name in names:
+        calls[name]()
+        if comm.last_choice.backend == "nvlink":
+            kept.append(name)
+    return tuple(kept)
