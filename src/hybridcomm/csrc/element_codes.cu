@@ -1,6 +1,6 @@
 // The quantizers' element conversions (quant.cuh) on a plain array, for the GPU test that
 // compares them with the reference quantizer on every fp32 input (tests/test_gpu_quant.py):
-// e4m3 codes two values at a time (to_e4m3x2, as the kernels pack them), e2m1 codes one a byte.
+// e4m3 and e2m1 codes two values at a time (to_e4m3x2, e2m1_code_pair), as the kernels make them.
 #include <cuda_runtime.h>
 
 #include "quant.cuh"
@@ -11,8 +11,9 @@ __global__ void element_codes(int format, const float* __restrict__ in, uint8_t*
   for (int64_t i = 2 * ((int64_t)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2 * (int64_t)gridDim.x * blockDim.x) {
     const float a = in[i], b = i + 1 < n ? in[i + 1] : 0.0f;
     if (format == kQuantNvfp4) {
-      out[i] = (uint8_t)e2m1_code(a);
-      if (i + 1 < n) out[i + 1] = (uint8_t)e2m1_code(b);
+      const uint32_t codes = e2m1_code_pair(a, b);
+      out[i] = (uint8_t)(codes & 0xFu);
+      if (i + 1 < n) out[i + 1] = (uint8_t)(codes >> 16);
     } else {
       const uint16_t codes = to_e4m3x2(a, b);
       out[i] = (uint8_t)codes;

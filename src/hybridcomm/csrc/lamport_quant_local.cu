@@ -85,9 +85,7 @@ __device__ __forceinline__ void store_codes(const float (&v)[UnitQuant<T, F>::kV
                                             int64_t u) {
   using Q = UnitQuant<T, F>;
   if constexpr (F == kQuantNvfp4) {
-    uint32_t codes = 0;
-#pragma unroll
-    for (int e = 0; e < Q::kValues; ++e) codes |= nvfp4_code(v[e], inv) << (4 * e);
+    const uint32_t codes = nvfp4_codes<Q::kValues>(v, inv);
     if constexpr (Q::kCodeBytes == 4) reinterpret_cast<uint32_t*>(data)[u] = codes;
     else reinterpret_cast<uint16_t*>(data)[u] = (uint16_t)codes;
   } else {

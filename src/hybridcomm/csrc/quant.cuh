@@ -4,10 +4,12 @@
 // approximate it. e4m3 codes come from the hardware conversion (cvt.rn.satfinite.e4m3x2.f32,
 // two values an instruction): it equals the reference (torch's .to(float8_e4m3fn) after the
 // clamp to +-448, NaN -> 0x7f) on every one of the 2^32 fp32 inputs (tests/test_gpu_quant.py,
-// through element_codes.cu; it replaced ~10 integer instructions per value). e2m1 codes are
-// computed by the reference's thresholds (Hopper has no fp4 conversion).
+// through element_codes.cu; it replaced ~10 integer instructions per value). Hopper has no fp4
+// conversion: e2m1 codes are the reference's threshold comparisons, made two values at a time
+// in packed bf16 (e2m1_code_pair; the same test checks every input).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <stdint.h>
 
@@ -66,15 +68,80 @@ __device__ __forceinline__ Nvfp4Scale nvfp4_scale(float amax, float global_scale
   return Nvfp4Scale{sf, sf_value == 0.0f ? 0.0f : __fdiv_rn(global_scale, sf_value)};
 }
 
-// e2m1, nearest-even on 0, .5, 1, 1.5, 2, 3, 4, 6, saturating; sign bit from q, except that
-// zero is always +0 (code 0x0, never 0x8: so a word of eight 0x8 codes is no real data and the
-// Lamport wire can stand it in for eight -6.0s, lamport_quant_gather.cu). NaN gives +0.
-__device__ __forceinline__ uint32_t e2m1_code(float q) {
-  const float a = fabsf(q);
-  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
-  return code ? code | ((__float_as_uint(q) >> 31) << 3) : 0u;
+// ---- e2m1, two values at a time -------------------------------------------------------------
+// The reference's code of a = |q| is the number of thresholds passed (docs/quantization.md):
+// a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5 (strict where the tie goes
+// down to an even code). Written as seven fp32 comparisons and a sum, ptxas made ~24
+// instructions a value of it (ncu, results/shared_1xH100/81_quant_floor). Here two values share
+// each instruction: both are truncated (round toward zero) to bf16 in one conversion, and the
+// 16-bit lanes are compared in packed bf16, which holds every threshold exactly. That is exact:
+// - a >= t  <=>  rz(a) >= t for any t that bf16 represents (truncation is monotone and keeps t);
+// - a > t   <=>  rz(a-) >= t, where a- = a * (1 - 2^-24), which is the fp32 value just below a
+//   for every normal a (below 2^-126 both sides are false; infinity stays infinity, where both
+//   are true), so the strict thresholds compare a- instead.
+// A code's three bits are a binary search (bit 2: a >= 1.75; bit 1: against 3.5 or 0.75; bit 0:
+// against 5, 2.5, 1.25 or 0.25), each comparison giving an all-ones or zero 16-bit lane mask;
+// masks select thresholds and assemble codes with LOP3s. NaN compares false everywhere: code 0.
+
+__device__ __forceinline__ uint32_t bf16x2_toward_zero(float lo, float hi) {  // lo in bits 0-15
+  uint32_t r;
+  asm("cvt.rz.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
-__device__ __forceinline__ uint32_t nvfp4_code(float v, float inv) { return e2m1_code(__fmul_rn(v, inv)); }
+// 0xFFFF in each 16-bit lane where a >= b (le: a <= b), compared as bf16.
+__device__ __forceinline__ uint32_t bf16x2_ge(uint32_t a, uint32_t b) {
+  return __hge2_mask(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+}
+__device__ __forceinline__ uint32_t bf16x2_le(uint32_t a, uint32_t b) {
+  return __hle2_mask(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+}
+
+// Bits of if_set where mask has them, of if_clear elsewhere (one LOP3).
+__device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
+  return (mask & if_set) | (~mask & if_clear);
+}
+
+// A bf16 constant in both lanes (bf16 = the top half of the fp32).
+constexpr uint32_t bf16_lanes(uint32_t fp32_bits) { return (fp32_bits >> 16) * 0x10001u; }
+constexpr uint32_t kBf16Lanes0_25 = bf16_lanes(0x3E800000u), kBf16Lanes0_75 = bf16_lanes(0x3F400000u);
+constexpr uint32_t kBf16Lanes1_25 = bf16_lanes(0x3FA00000u), kBf16Lanes1_75 = bf16_lanes(0x3FE00000u);
+constexpr uint32_t kBf16Lanes2_5 = bf16_lanes(0x40200000u), kBf16Lanes3_5 = bf16_lanes(0x40600000u);
+constexpr uint32_t kBf16Lanes5 = bf16_lanes(0x40A00000u), kBf16LanesMinus0_25 = bf16_lanes(0xBE800000u);
+constexpr float kJustBelowOne = 0x1.fffffep-1f;  // 1 - 2^-24: a * it is the fp32 value below a
+
+// The e2m1 codes of lo and hi in bits 0-3 and 16-19, every other bit 0. Bit 3 of a code is q's
+// sign, except that zero is always +0 (never code 0x8: the Lamport wire relies on it,
+// lamport_quant_gather.cu); so bit 3 is "q < 0 and |q| > 0.25".
+__device__ __forceinline__ uint32_t e2m1_code_pair(float lo, float hi) {
+  const uint32_t at = bf16x2_toward_zero(lo, hi);
+  const uint32_t below = bf16x2_toward_zero(__fmul_rn(lo, kJustBelowOne), __fmul_rn(hi, kJustBelowOne));
+  const uint32_t a = at & 0x7FFF7FFFu, a_below = below & 0x7FFF7FFFu;  // |.|
+  const uint32_t bit2 = bf16x2_ge(a, kBf16Lanes1_75);
+  const uint32_t bit1 = bf16x2_ge(a, select_bits(bit2, kBf16Lanes3_5, kBf16Lanes0_75));
+  const uint32_t strict = select_bits(bit1, select_bits(bit2, kBf16Lanes5, kBf16Lanes1_25),
+                                      select_bits(bit2, kBf16Lanes2_5, kBf16Lanes0_25));
+  const uint32_t bit0 = bf16x2_ge(a_below, strict);
+  const uint32_t negative = bf16x2_le(below, kBf16LanesMinus0_25);  // q < 0 and |q| > 0.25
+  const uint32_t magnitude = select_bits(0x00030003u, select_bits(0x00010001u, bit0, bit1), bit2);
+  return select_bits(0x00070007u, magnitude, negative & 0x00080008u);
+}
+
+// N codes of v[i] * inv packed four bits each, v[0]'s in bits 0-3 (N = 4: 16 bits). Pairs are
+// (0, 2) and (1, 3), so pair(0, 2) | pair(1, 3) << 4 holds codes 0, 1 in byte 0 and 2, 3 in byte 2.
+template <int N>
+__device__ __forceinline__ uint32_t nvfp4_codes(const float* v, float inv) {
+  static_assert(N == 4 || N == 8, "a word holds eight codes");
+  uint32_t quad[N / 4];
+#pragma unroll
+  for (int h = 0; h < N / 4; ++h) {
+    const float* w = v + 4 * h;
+    const uint32_t even = e2m1_code_pair(__fmul_rn(w[0], inv), __fmul_rn(w[2], inv));
+    const uint32_t odd = e2m1_code_pair(__fmul_rn(w[1], inv), __fmul_rn(w[3], inv));
+    quad[h] = even | odd << 4;
+  }
+  if constexpr (N == 4) return __byte_perm(quad[0], 0u, 0x4420);
+  else return __byte_perm(quad[0], quad[1], 0x6420);
+}
 
 }  // namespace hc

@@ -402,8 +402,9 @@ __device__ __forceinline__ QuantizedLanes<KL> quantize_lanes(const RowValues<F, 
       uint32_t w[2] = {0u, 0u};
       if constexpr (F == kQuantNvfp4) {  // a lane is exactly one 16-block
         const Nvfp4Scale sc = nvfp4_scale(amax[k], global_scale);
-#pragma unroll
-        for (int e = 0; e < kN; ++e) w[e / 8] |= nvfp4_code(x.v[k][e], sc.inv) << (4 * (e % 8));
+        static_assert(kN == 16, "an nvfp4 lane is two words of eight codes");
+        w[0] = nvfp4_codes<8>(&x.v[k][0], sc.inv);
+        w[1] = nvfp4_codes<8>(&x.v[k][8], sc.inv);
         scale_bits = sc.sf;
       } else {
         const Fp8Scale sc = F == kQuantFp8Block128 ? fp8_scale(block) : token;
