@@ -14,11 +14,18 @@ peer spins until the peer's time slice (milliseconds a call). Under MPS the rank
 side by side. The daemon is started outside (scripts/shared_gpu_timing.sh); `mps_running`
 only reports whether one is up, and the results carry that answer.
 Why a budget of SMs: every block of a kernel must be resident at once (a block waits for its
-peers' blocks), so the ranks on one GPU split its SMs. An even split is not enough: on an H100
-(132 SMs) under MPS, two ranks' one-shot all_reduce of 512 KB with 66 blocks each hung, with 64
-each it ran (2026-11-23, results/shared_1xH100). So each Communicator is made with a quarter of
-its even split left free (`sm_share`), the same for both builds. `--max-sms N` columns keep the N
-given: above `sm_share` they may not fit beside the other ranks and time out.
+peers' blocks), so the ranks on one GPU split its SMs. And each rank may hold two of our kernels
+at once: with programmatic dependent launch (csrc/pdl.cuh) its next kernel's blocks become
+resident, and wait there, as soon as every block of the current one has started. On its own GPU
+that is safe (the current kernel's blocks are all resident by then); on a shared one the next
+kernel's early blocks can take the SMs a peer's current kernel still needs, and both wait until
+the deadline. With 49 blocks a kernel (3/4 of an even split of an H100's 132 SMs between 2 ranks)
+`bench quant` at TP2 nvfp4 1024 tokens so timed out in 3 of 4 runs and crawled in the fourth
+(1,382 us against ~95); with PDL off, or with half that budget, it never did (run 84 of
+results/shared_1xH100). So the SMs are split between ranks x RESIDENT_KERNELS, with a quarter
+of that left free (`sm_share`), the same for both builds. (An even split between ranks alone hung
+earlier too: a one-shot all_reduce of 512 KB with 66 blocks each, 2026-11-23.) `--max-sms N`
+columns keep the N given: above `sm_share` they may not fit beside the other ranks and time out.
 """
 
 from __future__ import annotations
@@ -35,11 +42,14 @@ def ranks_per_gpu(world_size: int) -> int:
     return -(-world_size // max(torch.cuda.device_count(), 1))
 
 
+RESIDENT_KERNELS = 2  # of one rank at once under PDL: the current kernel and the next one's early blocks
+
+
 def sm_share(world_size: int) -> int:
-    """The blocks each rank's kernels may launch so that every rank's grid is resident at once:
-    3/4 of an even split of the SMs (the module's docstring says why not all of it)."""
+    """The blocks each rank's kernels may launch so that every rank's grids are resident at once:
+    3/4 of an even split of the SMs between ranks x RESIDENT_KERNELS (the module's docstring)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return max(1, sms // ranks_per_gpu(world_size) * 3 // 4)
+    return max(1, sms // (ranks_per_gpu(world_size) * RESIDENT_KERNELS) * 3 // 4)
 
 
 def mps_running() -> bool:
