@@ -97,7 +97,8 @@ __device__ __forceinline__ uint32_t bf16x2_le(uint32_t a, uint32_t b) {
   return __hle2_mask(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
 }
 
-// Bits of if_set where mask has them, of if_clear elsewhere (one LOP3).
+// Bits of if_set where mask has them, of if_clear elsewhere: one LOP3, two where if_set and if_clear
+// are both constants (an instruction takes one immediate: results/shared_1xH100/84_e2m1_pairs).
 __device__ __forceinline__ uint32_t select_bits(uint32_t mask, uint32_t if_set, uint32_t if_clear) {
   return (mask & if_set) | (~mask & if_clear);
 }
