@@ -12,11 +12,10 @@
 # quant --counts: host) narrow it.
 # The device tool brings back only so many files: give OUT a folder of the checkout and tar it into
 # the tool's $OUT. Build the patched libraries beforehand (`hybridcomm build --arch 90a`, XDG_CACHE_HOME
-# set) and carry the cache: on the device each build costs ~100 s of device time. NVLink multicast
-# stays off: never remove the exports.
+# set) and carry the cache (or xz-compressed in .hc_cache/libs: device_call.sh): on the device each
+# build costs ~100 s of device time. NVLink multicast stays off (device_call.sh's exports).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_call.sh"  # the environment, the carried builds; start_mps, stop_mps
 DIR="${OUT:-results/shared-timing-run}/shared_timing"
 mkdir -p "$DIR"
 WORLD=${WORLD:-2}; BENCHES=${BENCHES:-ops transitions quant}
@@ -40,10 +39,8 @@ bench() {  # bench NAME: every bench of $BENCHES on the kernels the checkout has
 }
 
 # The MPS daemon, private to this call; it quits at the end whatever happens.
-export CUDA_MPS_PIPE_DIRECTORY=/tmp/hc_mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hc_mps_log
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-nvidia-cuda-mps-control -d || { echo "=== could not start the MPS daemon"; exit 2; }
-trap 'revert_patch; echo quit | nvidia-cuda-mps-control' EXIT
+start_mps
+trap 'revert_patch; stop_mps' EXIT
 
 step build_main python3 -m hybridcomm build
 bench main_1

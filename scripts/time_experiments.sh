@@ -12,10 +12,10 @@
 #   bash scripts/time_experiments.sh [experiments/NAME.patch ...]
 # WORLD (2), LAYOUTS (dp2,tp2), TOKENS (1,16,128,256,512), QUANTS (fp8,nvfp4), COUNTS (bench quant
 # --counts: host) and TESTS narrow it; one patch a call if they do not fit the device's 10 minutes.
-# NVLink multicast stays off: never remove the exports.
+# Builds made beforehand travel in the cache or xz-compressed in .hc_cache/libs (device_call.sh).
+# NVLink multicast stays off (device_call.sh's exports).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/device_call.sh"  # the environment, the carried builds
 DIR="${OUT:-results/experiments-run}/experiments"
 mkdir -p "$DIR"
 patches=("$@")
