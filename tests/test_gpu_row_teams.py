@@ -1,11 +1,12 @@
 """GPU tests of the quantized gathers' row teams (csrc/quant_rows.cuh quant_grid): plain rows
 (attention TP 1, or replicated rows) of the block formats (fp8_block128, nvfp4), and of fp8 up
 to 8 KB of input a row, are worked by teams of 512 threads that span 4 blocks of 128 or 2 of 256
-threads when the grid fits the SM budget that way, else by full blocks (splits_rows). Plain rows
-of at most 256 data lanes (nvfp4 up to hidden 4096, the fp8 formats up to 2048) have teams of
-256 threads, of at most 128 lanes (nvfp4 up to 2048, fp8 up to 1024) teams of 128
-(team_threads), in the same grids: 2 blocks of 128 or one block, or two to four teams in a
-block, each meeting at its own barrier. With max_sms=16 the counts below put each kernel
+threads when the grid fits the SM budget that way, else by full blocks (splits_rows). In the
+Lamport kernel plain rows of at most 256 data lanes (nvfp4 up to hidden 4096, the fp8 formats up
+to 2048) have teams of 256 threads, of at most 128 lanes (nvfp4 up to 2048, fp8 up to 1024) teams
+of 128 (team_threads), in the same grids: 2 blocks of 128 or one block, or two to four teams in a
+block, each meeting at its own barrier (the LL kernel keeps teams of 512 there: the same cases
+check it). With max_sms=16 the counts below put each kernel
 (`quant` on LL, `quant_lamport`) in every band; 41 rows give the teams of one block different
 numbers of rows (a barrier shared by the block would hang there).
 
@@ -127,8 +128,9 @@ def test_split_teams_in_graph_replays_with_new_counts(pool, fmt, table, own_coun
 @pytest.mark.parametrize("table", sorted(ALGORITHM))
 @pytest.mark.parametrize("fmt, hidden", [("nvfp4", 4096), ("fp8", 2048), ("nvfp4", 2048), ("fp8_block128", 1024)])
 def test_narrow_teams_in_graph_replays_with_new_counts(pool, fmt, hidden, table, own_counts):
-    """One graph of narrow teams (256 threads; 128 for nvfp4 2048 and fp8_block128 1024) in full
-    blocks (capacity 256 rows a DP group: full blocks on any SM budget, and the most that fits the
+    """One graph of narrow teams (256 threads; 128 for nvfp4 2048 and fp8_block128 1024; the
+    Lamport kernel's, the LL kernel's rows of the same widths in teams of 512) in full blocks
+    (capacity 256 rows a DP group: full blocks on any SM budget, and the most that fits the
     LL areas for nvfp4 4096), replayed with random counts of 0-256 rows per group: the teams of a
     block often work different numbers of rows."""
     _replays_match_the_oracle(pool, fmt, hidden, 256, 7, table, own_counts)

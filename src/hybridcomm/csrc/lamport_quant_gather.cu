@@ -196,7 +196,8 @@ extern "C" int hc_lamport_quant_gather(const GroupArgs* g, const LamportArgs* l,
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_units);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr,
+    // Narrow row teams for plain rows (team_threads).
+    status = with_kernel_instance<Fmt, true>(w.out.data_lanes, mode, own_count != nullptr,
                                        [&](auto kl, auto team, auto m, auto own) {
       const auto kernel = lamport_quant_gather<Elem, Fmt, decltype(kl)::value, decltype(team)::value,
                                                decltype(m)::value, decltype(own)::value>;

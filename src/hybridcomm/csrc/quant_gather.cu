@@ -135,7 +135,8 @@ extern "C" int hc_quant_gather(const GroupArgs* g, int algorithm, int format, in
     const int mode = row_mode(weight != nullptr, partial, tp);
     const RowPlan plan = row_plan(mode, algorithm, tp, partial);
     const Grid grid = quant_grid(io, *g, tp, plan, splits_rows<Fmt>(mode, io.row_lanes), w.wire_lanes);
-    status = with_kernel_instance<Fmt>(w.out.data_lanes, mode, own_count != nullptr,
+    // Teams of kThreads only: narrow teams made this kernel slower on NVLink (team_threads).
+    status = with_kernel_instance<Fmt, false>(w.out.data_lanes, mode, own_count != nullptr,
                                        [&](auto kl, auto team, auto m, auto own) {
       const auto kernel = quant_gather<Elem, Fmt, decltype(kl)::value, decltype(team)::value, decltype(m)::value,
                                        decltype(own)::value>;

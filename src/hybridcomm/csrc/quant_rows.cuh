@@ -111,11 +111,11 @@ __device__ __forceinline__ void for_each_receiver(const CallCtx& cx, const Token
 // A row is worked by a team of W consecutive threads of the grid (W: a kernel instance's
 // template argument, team_threads). Most teams are one block of W = kThreads threads. Where
 // splits_rows allows, a team is 2 or 4 blocks of 256 or 128 threads (quant_grid), so that a call
-// of few rows spreads over more SMs (launch.cuh spread_grid: why that pays). Plain rows of at most
-// 256 or 128 data lanes have teams of W = 256 or 128 (team_threads): two or four teams share a
-// 512-thread block, so that no team holds half a team of threads without a lane. Team row_team()
-// works rows first + row_team(), then row_teams() on; its thread row_thread() holds the data lanes
-// below.
+// of few rows spreads over more SMs (launch.cuh spread_grid: why that pays). In the Lamport kernel
+// plain rows of at most 256 or 128 data lanes have teams of W = 256 or 128 (team_threads): two or
+// four teams share a 512-thread block, so that no team holds half a team of threads without a
+// lane. Team row_team() works rows first + row_team(), then row_teams() on; its thread
+// row_thread() holds the data lanes below.
 __device__ __forceinline__ uint32_t team_grid_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
 template <int W>
 __device__ __forceinline__ int64_t row_teams() { return gridDim.x * blockDim.x / W; }
@@ -697,30 +697,31 @@ __device__ __forceinline__ int quant_fields(bool fused, bool replicated, bool lo
 // Dynamic shared memory of both kernels: a fused row, staged (fp32).
 inline size_t quant_staging_bytes(int64_t hidden) { return (size_t)hidden * sizeof(float); }
 
-// The threads of a row team, a kernel instance's W: plain rows have teams of the narrowest of
-// kNarrowTeams that holds every lane of the row -- 128 threads, four a full block, for at most
+// The threads of a plain row's team in the Lamport kernel, a kernel instance's W: the narrowest
+// of kNarrowTeams that holds every lane of the row -- 128 threads, four a full block, for at most
 // 128 data lanes (nvfp4 hidden <= 2048, the fp8 formats <= 1024), 256, two a block, for at most
 // 256 (nvfp4 <= 4096, fp8 <= 2048) -- where a team of kThreads would leave half or more of its
-// threads without a lane; every other row a team of kThreads. Why: docs/quantization.md
-// ("Narrow row teams").
+// threads without a lane; kThreads for wider rows. Every other row, and every row of the LL
+// kernel, has a team of kThreads. Why, and why not the LL kernel (on 2x H200 narrow teams made it
+// 1.08-1.25x slower at 256-512 tokens, where one shared GPU had shown it faster):
+// docs/quantization.md ("Narrow row teams").
 constexpr int kNarrowTeams[] = {128, 256};
-inline int team_threads(int mode, int64_t data_lanes) {
-  if (mode == kRowsPlain)
-    for (int w : kNarrowTeams)
-      if (data_lanes <= w) return w;
+inline int team_threads(int64_t data_lanes) {
+  for (int w : kNarrowTeams)
+    if (data_lanes <= w) return w;
   return kThreads;
 }
 
 // launch(KL, W) as std::integral_constants: the row team of rows of `data_lanes` lanes in RowMode
-// M -- W threads (team_threads), each holding KL = ceil(data_lanes / W) lanes (1 ..
-// kLanesPerThread<F>: the kernels' instances).
-template <int F, int M, typename Launch>
+// M -- W threads (team_threads for plain rows where Narrow, else kThreads), each holding KL =
+// ceil(data_lanes / W) lanes (1 .. kLanesPerThread<F>: the kernels' instances).
+template <int F, int M, bool Narrow, typename Launch>
 int with_row_team(int64_t data_lanes, Launch launch) {
   using One = std::integral_constant<int, 1>;
   using Full = std::integral_constant<int, kThreads>;
   static_assert(kNarrowTeams[0] == 128 && kNarrowTeams[1] == 256, "an instance per narrow team");
-  if constexpr (M == kRowsPlain) {  // (only plain rows have narrow teams: no instance of the others)
-    const int w = team_threads(M, data_lanes);
+  if constexpr (Narrow && M == kRowsPlain) {  // (no narrow instance of the other rows)
+    const int w = team_threads(data_lanes);
     if (w == 128) return launch(One{}, std::integral_constant<int, 128>{});
     if (w == 256) return launch(One{}, std::integral_constant<int, 256>{});
   }
@@ -745,13 +746,13 @@ int with_row_mode(int mode, Launch launch) {
 }
 
 // launch(KL, W, M, OWN) as std::integral_constants: the kernel instance for rows of `data_lanes`
-// lanes in RowMode `mode` (its row team: with_row_team), in own-count mode or not (own_count.cuh:
-// an instance each, so the given-count instances hold none of own-count mode's code;
-// stage_my_rows' first row is some).
-template <int F, typename Launch>
+// lanes in RowMode `mode` (its row team: with_row_team, narrow teams where Narrow: the Lamport
+// kernel), in own-count mode or not (own_count.cuh: an instance each, so the given-count
+// instances hold none of own-count mode's code; stage_my_rows' first row is some).
+template <int F, bool Narrow, typename Launch>
 int with_kernel_instance(int64_t data_lanes, int mode, bool own, Launch launch) {
   return with_row_mode(mode, [&](auto m) {
-    return with_row_team<F, decltype(m)::value>(data_lanes, [&](auto kl, auto w) {
+    return with_row_team<F, decltype(m)::value, Narrow>(data_lanes, [&](auto kl, auto w) {
       return own ? launch(kl, w, m, std::true_type{}) : launch(kl, w, m, std::false_type{});
     });
   });
