@@ -56,17 +56,23 @@ def _check(cases, qcases, tables, max_sms) -> list[str]:
 
 
 def _in_a_green_context(sms, cases, qcases, tables, max_sms) -> list[str]:
+    """Worker: the calls on the green context's own stream. Not on torch's default stream with
+    the green context current: creating an NCCL communicator (the Communicator's process groups)
+    makes the device's primary context current again, and from then on the default stream's work
+    runs on every SM (measured on 2x H200: scripts/green_context_stages.py,
+    results/2xH200/main_2026-11-28/); a green context's stream stays on its SMs whatever is
+    current."""
     from torch.cuda import green_contexts
 
     if not green_contexts.SUPPORTED:
         return ["skip: this torch has no green contexts"]
     green = green_contexts.GreenContext.create(num_sms=sms, device_id=torch.cuda.current_device())
-    green.set_context()
+    stream = green.Stream()
     try:
-        return _check(cases, qcases, tables, max_sms)
+        with torch.cuda.stream(stream):
+            return _check(cases, qcases, tables, max_sms)
     finally:
-        torch.cuda.synchronize()
-        green.pop_context()
+        stream.synchronize()
 
 
 def _assert_none(per_rank):
