@@ -40,20 +40,20 @@ def test_eager_table_measures_every_op_both_ways(stub_lib, no_cuda_sync, attn_tp
 def test_our_calls_run_our_kernels_and_theirs_follow_the_layout(stub_lib, monkeypatch):
     seen = []
     for module, name in ((dist, "all_reduce"), (collectives, "all_gather_single"),
-                         (collectives, "reduce_scatter_single")):
+                         (collectives, "reduce_scatter_single"), (eager, "engine_add_rms_norm")):
         monkeypatch.setattr(module, name, lambda *a, _name=name, **k: seen.append((_name, k.get("group"))))
-    for attn_tp, gather, scatter in ((1, ["all_gather_single"], ["reduce_scatter_single"]),
-                                     (2, ["all_reduce"], ["all_reduce"])):
+    for attn_tp, gather, fused, scatter in (
+            (1, ["all_gather_single"], ["engine_add_rms_norm", "all_gather_single"], ["reduce_scatter_single"]),
+            (2, ["all_reduce"], ["all_reduce", "engine_add_rms_norm"], ["all_reduce"])):
         comm = gpu_route_communicator(hc.Layout(2, attn_tp=attn_tp), stub_lib)
+        expected = {"gather_tokens": gather, "gather_tokens+norm": fused, "scatter_tokens": scatter}
         for op, (ours, theirs) in eager.eager_calls(comm).items():
             ours()
             assert comm.last_choice.backend == "nvlink", (attn_tp, op, comm.last_choice)
             seen.clear()
             theirs()
-            if op.startswith("gather_tokens"):
-                assert [n for n, _ in seen] == gather, (attn_tp, op, seen)
-            elif op == "scatter_tokens":
-                assert [n for n, _ in seen] == scatter, (attn_tp, op, seen)
+            if op in expected:
+                assert [n for n, _ in seen] == expected[op], (attn_tp, op, seen)
 
 
 def test_eager_profile_script_prints_the_table(stub_lib, no_cuda_sync, monkeypatch):
@@ -65,6 +65,8 @@ def test_eager_profile_script_prints_the_table(stub_lib, no_cuda_sync, monkeypat
     monkeypatch.setattr(timing, "max_over_ranks", lambda values: values)
     monkeypatch.setattr(timing, "environment", lambda: {})
     monkeypatch.setattr(hc, "Communicator", lambda layout: gpu_route_communicator(layout, stub_lib))
-    result = eager_profile._profile(2, 2, 2, 5, 3, True)
+    result = eager_profile._profile(2, 2, 2, 5, 3, True, True)
     assert result["layout"] == "tp2" and list(result["table"]) == OPS
-    assert "Eager cost, tp2" in result["report"] and "cProfile" in result["report"]
+    assert "Eager cost, tp2" in result["report"]
+    for op in OPS:
+        assert f"## {op}: cProfile" in result["report"] and f"## torch.distributed {op}: cProfile" in result["report"]

@@ -327,8 +327,9 @@ def add_rms_norm(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     it in the last place in 16 bits, by a few units in fp32 (another summation order). Returns
     (normed, residual_out); normed goes into `out` when given. No communication, hence no
     group, and no PDL."""
-    normed = out if out is not None else torch.empty_like(residual)
-    residual_out = torch.empty_like(residual)
+    # (torch.empty, not empty_like: the same contiguous tensors, without empty_like's layout logic)
+    normed = out if out is not None else torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+    residual_out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
     rc = _library().hc_add_rms_norm(DTYPE_CODE[residual.dtype], reduced.data_ptr(), residual.data_ptr(),
                                     weight.data_ptr(), float(eps), normed.data_ptr(), residual_out.data_ptr(),
                                     residual.shape[0], _row_bytes(residual), _stream(residual))

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .. import collectives
+from ..backends.nccl import engine_add_rms_norm
 from . import timing
 
 ROUNDS = 7
@@ -39,8 +40,9 @@ def eager_calls(comm, dtype=torch.bfloat16, hidden: int = 1024) -> dict:
 
     Theirs for the transitions: all_reduce over attn-TP (where attn_tp > 1), then all_gather
     over attn-DP (where attn_dp > 1), and for scatter_tokens reduce_scatter over attn-DP then
-    all_reduce over attn-TP. For the fused gather theirs is the gather alone (the residual add
-    and RMSNorm an engine launches after it are not counted: a bound in their favour)."""
+    all_reduce over attn-TP. For the fused gather theirs is what engines launch: the all_reduce,
+    the residual add + RMSNorm as one kernel (backends.nccl.engine_add_rms_norm), then the
+    all_gather of the normed rows."""
     lay, device = comm.layout, comm.device
     n, dp, tp = lay.world_size, lay.attn_dp, lay.attn_tp
     tp_pg, dp_pg = comm.groups["attn_tp"].pg, comm.groups["attn_dp"].pg
@@ -52,8 +54,12 @@ def eager_calls(comm, dtype=torch.bfloat16, hidden: int = 1024) -> dict:
     xt, yt = x.clone(), y.clone()
     gathered, scattered = torch.empty_like(y), torch.empty_like(x)
     gathered_dp, y_dp, yt_dp = torch.empty(dp, hidden, dtype=dtype, device=device), y[:dp], yt[:dp]
+    normed = torch.empty_like(x)
     their_gather = _sequence(tp > 1 and (lambda: dist.all_reduce(xt, group=tp_pg)),
                              dp > 1 and (lambda: collectives.all_gather_single(gathered_dp, xt, group=dp_pg)))
+    their_fused_gather = _sequence(tp > 1 and (lambda: dist.all_reduce(xt, group=tp_pg)),
+                                   lambda: engine_add_rms_norm(xt, x, w, 1e-6, out=normed),
+                                   dp > 1 and (lambda: collectives.all_gather_single(gathered_dp, normed, group=dp_pg)))
     their_scatter = _sequence(dp > 1 and (lambda: collectives.reduce_scatter_single(scattered, yt_dp, group=dp_pg)),
                               tp > 1 and (lambda: dist.all_reduce(scattered if dp > 1 else yt_dp, group=tp_pg)))
     return {
@@ -63,7 +69,7 @@ def eager_calls(comm, dtype=torch.bfloat16, hidden: int = 1024) -> dict:
                              lambda: collectives.reduce_scatter_single(scattered, yt)),
         "gather_tokens": (lambda: comm.gather_tokens(x, [1] * dp), their_gather),
         "gather_tokens+norm": (lambda: comm.gather_tokens(x, [1] * dp, residual=x, norm_weight=w, eps=1e-6),
-                               their_gather),
+                               their_fused_gather),
         "scatter_tokens": (lambda: comm.scatter_tokens(y_dp, [1] * dp), their_scatter),
     }
 

@@ -88,18 +88,24 @@ def fake_world(size: int = 2):
 
 @contextlib.contextmanager
 def stand_ins(lib: ctypes.CDLL | None):
-    """Inside: NvlinkBackend builds on a StandInWorkspace and `lib`, and launchers take stream 0
-    (a CPU build of torch has no CUDA stream; on a GPU the raw-handle lookup is one C call)."""
+    """Inside: NvlinkBackend builds on a StandInWorkspace and `lib`, launchers take stream 0
+    (a CPU build of torch has no CUDA stream; on a GPU the raw-handle lookup is one C call),
+    and the engines' one-kernel norm (backends.nccl.engine_add_rms_norm) launches `lib`'s
+    add_rms_norm on meta tensors as it would on CUDA ones."""
     from .. import build, kernels
-    from ..backends import nvlink
+    from ..backends import nccl, nvlink
 
-    saved = (nvlink.Workspace, build.load, build.device_arch, kernels._stream)
+    saved = (nvlink.Workspace, build.load, build.device_arch, kernels._stream, kernels._library,
+             kernels.add_rms_norm_fits, nccl._kernel_library_built)
     nvlink.Workspace, kernels._stream = StandInWorkspace, (lambda x: 0)
     build.load, build.device_arch = (lambda arch=None: lib), (lambda: "stub")
+    kernels._library, kernels.add_rms_norm_fits = (lambda: lib), (lambda *tensors: True)
+    nccl._kernel_library_built = lambda: True
     try:
         yield
     finally:
-        nvlink.Workspace, build.load, build.device_arch, kernels._stream = saved
+        (nvlink.Workspace, build.load, build.device_arch, kernels._stream, kernels._library,
+         kernels.add_rms_norm_fits, nccl._kernel_library_built) = saved
 
 
 def gpu_route_communicator(layout, lib: ctypes.CDLL | None):
