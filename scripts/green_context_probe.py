@@ -46,14 +46,16 @@ def _calls(layout, rank: int, device) -> dict:
     }
 
 
-def _matmul_ms(device) -> float:
-    """A compute-bound kernel's time: it scales with the SMs the context gives."""
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    a @ a
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    a @ a
-    end.record()
+def matmul_ms(device, stream=None) -> float:
+    """A compute-bound kernel's time on `stream` (default: the current one): it scales with the
+    SMs the context gives (scripts/green_context_stages.py uses it too)."""
+    with torch.cuda.stream(stream or torch.cuda.current_stream(device)):
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+        a @ a
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ a
+        end.record()
     end.synchronize()
     return start.elapsed_time(end)
 
@@ -104,7 +106,7 @@ def _probe(num_sms: int, max_sms: int | None, timeout_s: float, tables: list[str
     device = torch.device("cuda", torch.cuda.current_device())
     lines = [f"green contexts supported: {green_contexts.SUPPORTED}; the GPU has "
              f"{torch.cuda.get_device_properties(device).multi_processor_count} SMs; "
-             f"a bf16 8192^3 matmul takes {_matmul_ms(device):.1f} ms"]
+             f"a bf16 8192^3 matmul takes {matmul_ms(device):.1f} ms"]
     world = dist.get_world_size()
     cases = []  # (layout, calls, their results on the reference backend, outside any green context)
     for layout in [hc.Layout(world, attn_tp=t) for t in attn_tps]:
@@ -116,7 +118,7 @@ def _probe(num_sms: int, max_sms: int | None, timeout_s: float, tables: list[str
         green.set_context()
         lines.append(f"in a green context of {num_sms} SMs: multi_processor_count "
                      f"{torch.cuda.get_device_properties(device).multi_processor_count}, the matmul "
-                     f"{_matmul_ms(device):.1f} ms")
+                     f"{matmul_ms(device):.1f} ms")
     options = {} if max_sms is None else {"max_sms": max_sms}
     for layout, calls, expected in cases:
         lines.append(f"{layout.name}, the reference backend:")  # also in the green context

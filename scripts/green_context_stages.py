@@ -17,6 +17,7 @@ import argparse
 import ctypes
 
 import torch
+from green_context_probe import matmul_ms  # (scripts/ is on the path of a script run from it)
 
 
 def _current_context() -> int:
@@ -25,33 +26,20 @@ def _current_context() -> int:
     return -rc if rc else (ctx.value or 0)
 
 
-def _matmul_ms(stream=None) -> float:
-    stream = stream or torch.cuda.current_stream()
-    with torch.cuda.stream(stream):
-        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        a @ a
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ a
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def _stages(num_sms: int) -> list[str]:
     import torch.distributed as dist
     from torch.cuda import green_contexts
 
     import hybridcomm as hc
 
-    lines = []
+    lines, device = [], torch.device("cuda", torch.cuda.current_device())
     green = green_stream = green_ctx = None
 
     def note(step: str) -> None:
         ctx = _current_context()
         where = "green" if ctx == green_ctx else ("other" if green_ctx else "-")
-        on_green = f", on the green stream {_matmul_ms(green_stream):6.1f} ms" if green_stream else ""
-        lines.append(f"  {step:44} context {where:5} matmul {_matmul_ms():6.1f} ms{on_green}")
+        on_green = f", on the green stream {matmul_ms(device, green_stream):6.1f} ms" if green_stream else ""
+        lines.append(f"  {step:44} context {where:5} matmul {matmul_ms(device):6.1f} ms{on_green}")
 
     note("start (NCCL default group initialised)")
     green = green_contexts.GreenContext.create(num_sms=num_sms, device_id=torch.cuda.current_device())
