@@ -9,6 +9,7 @@ Communicator per layout and table (a fresh one after a failure), and compares ev
 the reference backend's, bit for bit.
 
     PYTHONPATH=src python3 scripts/green_context_probe.py --world 2 --share-gpus --sms 8 [--max-sms 8]
+                                                          [--on-stream]
 
 --sms 0: no green context (the control). --max-sms: the Communicator's own cap on its grids.
 Prints one line per call: the algorithm that ran, then ok, a mismatch, or the error raised.
@@ -97,7 +98,7 @@ def _run(comm_for, calls: dict, expected: dict) -> list[str]:
 
 
 def _probe(num_sms: int, max_sms: int | None, timeout_s: float, tables: list[str],
-           attn_tps: list[int]) -> list[str]:
+           attn_tps: list[int], on_stream: bool = False) -> list[str]:
     import torch.distributed as dist
 
     import hybridcomm as hc
@@ -113,20 +114,27 @@ def _probe(num_sms: int, max_sms: int | None, timeout_s: float, tables: list[str
         calls = _calls(layout, dist.get_rank(), device)
         reference = hc.Communicator(layout, device=device, backend="reference")
         cases.append((layout, calls, {name: call(reference) for name, call in calls.items()}))
+    stream = None  # the calls' stream: torch's current one, or with on_stream the green context's
     if num_sms:  # kept referenced: the context is destroyed with the object
         green = green_contexts.GreenContext.create(num_sms=num_sms, device_id=device.index)
-        green.set_context()
-        lines.append(f"in a green context of {num_sms} SMs: multi_processor_count "
-                     f"{torch.cuda.get_device_properties(device).multi_processor_count}, the matmul "
-                     f"{matmul_ms(device):.1f} ms")
+        if on_stream:
+            stream = green.Stream()
+        else:
+            green.set_context()
+        lines.append(f"in a green context of {num_sms} SMs{' (its stream)' if on_stream else ''}: "
+                     f"multi_processor_count {torch.cuda.get_device_properties(device).multi_processor_count}, "
+                     f"the matmul {matmul_ms(device, stream):.1f} ms")
     options = {} if max_sms is None else {"max_sms": max_sms}
-    for layout, calls, expected in cases:
-        lines.append(f"{layout.name}, the reference backend:")  # also in the green context
-        lines += _run(lambda: hc.Communicator(layout, device=device, backend="reference"), calls, expected)
-        for table in tables:
-            lines.append(f"{layout.name}, table {table}:")
-            lines += _run(lambda: hc.Communicator(layout, device=device, timeout_s=timeout_s, table=table,
-                                                  **options), calls, expected)
+    with torch.cuda.stream(stream or torch.cuda.current_stream(device)):
+        for layout, calls, expected in cases:
+            lines.append(f"{layout.name}, the reference backend:")  # also in the green context
+            lines += _run(lambda: hc.Communicator(layout, device=device, backend="reference"), calls, expected)
+            for table in tables:
+                lines.append(f"{layout.name}, table {table}:")
+                lines += _run(lambda: hc.Communicator(layout, device=device, timeout_s=timeout_s, table=table,
+                                                      **options), calls, expected)
+        if num_sms and on_stream:
+            lines.append(f"the matmul on the green stream after the calls: {matmul_ms(device, stream):.1f} ms")
     return lines
 
 
@@ -140,13 +148,16 @@ def main() -> None:
     p.add_argument("--tables", default="auto,two_shot,bulk,quant_one_hop,quant_local,pipelined",
                    help="named tables (algorithms.NAMED_TABLES) to run the calls with")
     p.add_argument("--attn-tp", default=None, help="layouts by attention TP, e.g. 1,2 (default: 1 and the world)")
+    p.add_argument("--on-stream", action="store_true",
+                   help="make the calls on the green context's stream instead of making the context current "
+                        "(with NCCL process groups the current context does not stay: green_context_stages.py)")
     args = p.parse_args()
     from hybridcomm.spmd import SpmdPool
 
     with SpmdPool(args.world, "cuda", share_gpus=args.share_gpus) as pool:
         attn_tps = [int(t) for t in args.attn_tp.split(",")] if args.attn_tp else [1, args.world]
         per_rank = pool.run(_probe, args.sms, args.max_sms, args.timeout_s, args.tables.split(","), attn_tps,
-                            timeout=400)
+                            args.on_stream, timeout=400)
     for rank, lines in enumerate(per_rank):
         print(f"-- rank {rank}")
         print("\n".join(lines), flush=True)

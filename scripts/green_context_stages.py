@@ -5,8 +5,9 @@ On 2x H200 (2026-11-28) tests/test_gpu_sm_budget.py's green-context test failed 
 current ctx"): something replaced the thread's current context while the calls ran. With
 gloo (ranks sharing one GPU) it had passed. Each rank here sets a green context of --sms SMs,
 then goes through the steps below, printing after each the thread's current CUcontext (from
-libcuda) and how long a bf16 8192^3 matmul takes on torch's current stream and on the green
-context's own stream: a matmul confined to the green SMs takes several times longer.
+libcuda) and how long a bf16 8192^3 matmul and a 1 GiB copy (an elementwise kernel, launched as
+ours are) take on torch's current stream and on the green context's own stream: confined to the
+green SMs, both take several times longer.
 
     PYTHONPATH=src python3 scripts/green_context_stages.py --world 2 [--sms 8]
 """
@@ -18,6 +19,21 @@ import ctypes
 
 import torch
 from green_context_probe import matmul_ms  # (scripts/ is on the path of a script run from it)
+
+
+def _copy_ms(device, stream=None) -> float:
+    """A 1 GiB device-to-device copy, torch's own elementwise kernel launched with <<<>>> as ours
+    are launched: on a few SMs it cannot reach HBM's bandwidth."""
+    with torch.cuda.stream(stream or torch.cuda.current_stream(device)):
+        a = torch.empty(1 << 28, device=device)
+        b = torch.empty_like(a)
+        b.copy_(a)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def _current_context() -> int:
@@ -38,8 +54,10 @@ def _stages(num_sms: int) -> list[str]:
     def note(step: str) -> None:
         ctx = _current_context()
         where = "green" if ctx == green_ctx else ("other" if green_ctx else "-")
-        on_green = f", on the green stream {matmul_ms(device, green_stream):6.1f} ms" if green_stream else ""
-        lines.append(f"  {step:44} context {where:5} matmul {matmul_ms(device):6.1f} ms{on_green}")
+        on_green = (f"; on the green stream {matmul_ms(device, green_stream):6.1f} / "
+                    f"{_copy_ms(device, green_stream):5.2f} ms") if green_stream else ""
+        lines.append(f"  {step:44} context {where:5} matmul / copy {matmul_ms(device):6.1f} / "
+                     f"{_copy_ms(device):5.2f} ms{on_green}")
 
     note("start (NCCL default group initialised)")
     green = green_contexts.GreenContext.create(num_sms=num_sms, device_id=torch.cuda.current_device())

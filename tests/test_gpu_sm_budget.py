@@ -58,8 +58,8 @@ def _check(cases, qcases, tables, max_sms) -> list[str]:
 def _in_a_green_context(sms, cases, qcases, tables, max_sms) -> list[str]:
     """Worker: the calls on the green context's own stream. Not on torch's default stream with
     the green context current: creating an NCCL communicator (the Communicator's process groups)
-    makes the device's primary context current again, and from then on the default stream's work
-    runs on every SM (measured on 2x H200: scripts/green_context_stages.py,
+    makes another context current (the device's primary one, by its timing), and from then on the
+    default stream's work runs on every SM (measured on 2x H200: scripts/green_context_stages.py,
     results/2xH200/main_2026-11-28/); a green context's stream stays on its SMs whatever is
     current."""
     from torch.cuda import green_contexts
